@@ -1,0 +1,88 @@
+//! larder: the command-line client.
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use larder::client::connect;
+use larder::proto::{GetStatsRequest, ListDatasetsRequest};
+
+#[derive(Parser)]
+#[command(version, about = "larder command-line client")]
+struct Args {
+    /// Daemon address: http://HOST:PORT or unix:/path/to/socket.
+    #[arg(long, global = true, env = "LARDER_ADDR", default_value = "http://127.0.0.1:7878")]
+    addr: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List the datasets the daemon serves.
+    Datasets,
+    /// Show per-tier hits, bytes, memory use and client stall time.
+    Stats,
+    /// Make a small dataset, start a daemon, run training clients, print throughput and hit rates.
+    Demo {
+        #[arg(long, default_value_t = 4096)]
+        samples: u64,
+        #[arg(long, default_value_t = 2)]
+        clients: u32,
+        #[arg(long, default_value_t = 3)]
+        epochs: u64,
+        #[arg(long, default_value_t = 64)]
+        batch_size: u32,
+        /// Memory budget as a fraction of the dataset.
+        #[arg(long, default_value_t = 0.5)]
+        cache_fraction: f64,
+    },
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LARDER_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    let args = Args::parse();
+    match args.command {
+        Command::Datasets => {
+            let mut client = connect(&args.addr).await?;
+            let list = client.list_datasets(ListDatasetsRequest {}).await?.into_inner();
+            println!("{:<20} {:>10} {:<16} {:<7} source", "name", "samples", "shape", "labels");
+            for d in list.datasets {
+                println!(
+                    "{:<20} {:>10} {:<16} {:<7} {}",
+                    d.name,
+                    d.num_samples,
+                    format!("{:?}", d.sample_shape),
+                    if d.has_labels { "yes" } else { "no" },
+                    d.source
+                );
+            }
+        }
+        Command::Stats => {
+            let mut client = connect(&args.addr).await?;
+            let stats = client.get_stats(GetStatsRequest {}).await?.into_inner();
+            println!("{}", larder::metrics::format_stats(&stats));
+        }
+        Command::Demo {
+            samples,
+            clients,
+            epochs,
+            batch_size,
+            cache_fraction,
+        } => {
+            larder::demo::run(larder::demo::DemoOptions {
+                samples,
+                clients,
+                epochs,
+                batch_size,
+                cache_fraction,
+            })
+            .await?
+        }
+    }
+    Ok(())
+}

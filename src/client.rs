@@ -1,0 +1,51 @@
+//! Connecting to larderd from Rust (the CLI, the demo, the tests).
+
+use crate::proto::larder_client::LarderClient;
+use crate::proto::{Batch, StreamBatchesRequest};
+use anyhow::{Context, Result};
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+pub type Client = LarderClient<Channel>;
+
+/// Connects to `addr`: "http://host:port", "host:port", or "unix:/path/to/socket".
+pub async fn connect(addr: &str) -> Result<Client> {
+    let channel = if let Some(path) = addr.strip_prefix("unix:") {
+        let path = std::path::PathBuf::from(path);
+        Endpoint::try_from("http://localhost")?
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(TokioIo::new(stream))
+                }
+            }))
+            .await
+    } else {
+        let url = if addr.contains("://") {
+            addr.to_string()
+        } else {
+            format!("http://{addr}")
+        };
+        Endpoint::from_shared(url.clone())
+            .with_context(|| format!("bad daemon address {addr:?}"))?
+            .connect()
+            .await
+    }
+    .with_context(|| format!("connecting to larderd at {addr}"))?;
+    Ok(LarderClient::new(channel).max_decoding_message_size(usize::MAX))
+}
+
+/// Streams one request to its end and returns its batches.
+pub async fn collect_batches(client: &mut Client, req: StreamBatchesRequest) -> Result<Vec<Batch>> {
+    let mut stream = client
+        .stream_batches(req)
+        .await
+        .context("StreamBatches")?
+        .into_inner();
+    let mut batches = vec![];
+    while let Some(b) = stream.message().await.context("reading the batch stream")? {
+        batches.push(b);
+    }
+    Ok(batches)
+}

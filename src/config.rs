@@ -1,0 +1,217 @@
+//! The daemon's TOML configuration.
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// Default in-memory expansion factor: N bytes on disk take about K*N bytes in memory.
+pub const DEFAULT_EXPANSION_FACTOR: f64 = 2.5;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// TCP address to listen on, e.g. "127.0.0.1:7878". Optional if `unix_socket` is set.
+    #[serde(default)]
+    pub listen: Option<String>,
+    /// Unix socket path to listen on.
+    #[serde(default)]
+    pub unix_socket: Option<PathBuf>,
+    #[serde(default)]
+    pub memory: MemoryConfig,
+    /// Where the scratch tier keeps its shard files.
+    #[serde(default = "default_scratch_dir")]
+    pub scratch_dir: PathBuf,
+    /// Batches each stream prepares ahead of its client.
+    #[serde(default = "default_prefetch_batches")]
+    pub prefetch_batches: usize,
+    /// Largest batch a client may ask for.
+    #[serde(default = "default_max_batch_size")]
+    pub max_batch_size: u32,
+    #[serde(default, rename = "dataset")]
+    pub datasets: Vec<DatasetConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryConfig {
+    /// Byte budget of the memory tier. Takes precedence over `budget_fraction`.
+    #[serde(default)]
+    pub budget_bytes: Option<u64>,
+    /// Budget as a fraction of the machine's total memory (used when budget_bytes is absent).
+    #[serde(default = "default_budget_fraction")]
+    pub budget_fraction: f64,
+    /// In-memory expansion factor K used for capacity planning (between 2 and 3 in practice).
+    #[serde(default = "default_expansion_factor")]
+    pub expansion_factor: f64,
+    /// The cache shrinks whenever the machine's available memory falls below this floor.
+    /// Default: 10% of total memory.
+    #[serde(default)]
+    pub min_available_bytes: Option<u64>,
+    /// How often to check the machine's available memory, in milliseconds.
+    #[serde(default = "default_watch_interval_ms")]
+    pub watch_interval_ms: u64,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        MemoryConfig {
+            budget_bytes: None,
+            budget_fraction: default_budget_fraction(),
+            expansion_factor: default_expansion_factor(),
+            min_available_bytes: None,
+            watch_interval_ms: default_watch_interval_ms(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetConfig {
+    /// Name clients ask for.
+    pub name: String,
+    /// Path of the HDF5 file.
+    pub path: PathBuf,
+    /// HDF5 dataset of samples, shaped [N, ...], uint8.
+    #[serde(default = "default_hdf5_samples")]
+    pub samples: String,
+    /// Optional HDF5 dataset of integer labels, shaped [N].
+    #[serde(default)]
+    pub labels: Option<String>,
+}
+
+fn default_scratch_dir() -> PathBuf {
+    PathBuf::from("/var/cache/larder")
+}
+fn default_prefetch_batches() -> usize {
+    4
+}
+fn default_max_batch_size() -> u32 {
+    4096
+}
+fn default_budget_fraction() -> f64 {
+    0.25
+}
+fn default_expansion_factor() -> f64 {
+    DEFAULT_EXPANSION_FACTOR
+}
+fn default_watch_interval_ms() -> u64 {
+    1000
+}
+fn default_hdf5_samples() -> String {
+    "images".to_string()
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config file {}", path.display()))?;
+        let mut config = Config::parse(&text)
+            .with_context(|| format!("in config file {}", path.display()))?;
+        // Relative dataset and scratch paths are relative to the config file.
+        let base = path.parent().unwrap_or(Path::new("."));
+        for d in &mut config.datasets {
+            if d.path.is_relative() {
+                d.path = base.join(&d.path);
+            }
+        }
+        if config.scratch_dir.is_relative() {
+            config.scratch_dir = base.join(&config.scratch_dir);
+        }
+        Ok(config)
+    }
+
+    pub fn parse(text: &str) -> Result<Config> {
+        let config: Config = toml::from_str(text).context("parsing TOML")?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.listen.is_none() && self.unix_socket.is_none() {
+            bail!("set `listen` (TCP address) or `unix_socket` (path), or both");
+        }
+        let m = &self.memory;
+        if !(1.0..=10.0).contains(&m.expansion_factor) {
+            bail!(
+                "memory.expansion_factor = {} is out of range (expected about 2 to 3)",
+                m.expansion_factor
+            );
+        }
+        if !(m.budget_fraction > 0.0 && m.budget_fraction <= 0.9) {
+            bail!(
+                "memory.budget_fraction = {} must be in (0, 0.9]",
+                m.budget_fraction
+            );
+        }
+        if self.prefetch_batches == 0 {
+            bail!("prefetch_batches must be at least 1");
+        }
+        if self.max_batch_size == 0 {
+            bail!("max_batch_size must be at least 1");
+        }
+        let mut names = std::collections::HashSet::new();
+        for d in &self.datasets {
+            if d.name.is_empty() {
+                bail!("a [[dataset]] has an empty name");
+            }
+            if !names.insert(d.name.as_str()) {
+                bail!("dataset name {:?} is declared twice", d.name);
+            }
+        }
+        Ok(())
+    }
+
+    /// The memory tier's byte budget on a machine with `total_memory` bytes.
+    pub fn budget_bytes(&self, total_memory: u64) -> u64 {
+        self.memory
+            .budget_bytes
+            .unwrap_or((total_memory as f64 * self.memory.budget_fraction) as u64)
+    }
+
+    /// Available-memory floor below which the cache gives memory back.
+    pub fn min_available_bytes(&self, total_memory: u64) -> u64 {
+        self.memory
+            .min_available_bytes
+            .unwrap_or(total_memory / 10)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_full_config() {
+        let c = Config::parse(
+            r#"
+            listen = "127.0.0.1:7878"
+            unix_socket = "/run/larder/larder.sock"
+            scratch_dir = "/scratch/larder"
+            [memory]
+            budget_bytes = 1000
+            expansion_factor = 2.0
+            [[dataset]]
+            name = "cifar"
+            path = "/data/cifar.h5"
+            samples = "x"
+            labels = "y"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.budget_bytes(1 << 30), 1000);
+        assert_eq!(c.datasets[0].labels.as_deref(), Some("y"));
+        assert_eq!(c.memory.expansion_factor, 2.0);
+    }
+
+    #[test]
+    fn defaults_and_errors() {
+        let c = Config::parse("listen = \"127.0.0.1:1\"").unwrap();
+        assert_eq!(c.memory.expansion_factor, DEFAULT_EXPANSION_FACTOR);
+        assert_eq!(c.budget_bytes(1000), 250);
+        assert!(Config::parse("").is_err());
+        assert!(Config::parse("listen = \"x\"\nbogus = 1").is_err());
+        let dup = "listen=\"a\"\n[[dataset]]\nname=\"a\"\npath=\"p\"\n[[dataset]]\nname=\"a\"\npath=\"q\"";
+        let err = format!("{:#}", Config::parse(dup).unwrap_err());
+        assert!(err.contains("declared twice"), "{err}");
+    }
+}

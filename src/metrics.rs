@@ -1,0 +1,154 @@
+//! Counters that show where the bottleneck is: per-tier hits and bytes, client stall time.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+/// Where a sample was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    Memory = 0,
+    Scratch = 1,
+    Raw = 2,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 3] = [Tier::Memory, Tier::Scratch, Tier::Raw];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Memory => "memory",
+            Tier::Scratch => "scratch",
+            Tier::Raw => "raw",
+        }
+    }
+}
+
+pub struct Metrics {
+    started: Instant,
+    hits: [AtomicU64; 3],
+    bytes: [AtomicU64; 3],
+    coalesced: AtomicU64,
+    stall_nanos: AtomicU64,
+    batches: AtomicU64,
+    samples: AtomicU64,
+    bytes_served: AtomicU64,
+    active_streams: AtomicU32,
+    machine_available: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            started: Instant::now(),
+            hits: Default::default(),
+            bytes: Default::default(),
+            coalesced: AtomicU64::new(0),
+            stall_nanos: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            samples: AtomicU64::new(0),
+            bytes_served: AtomicU64::new(0),
+            active_streams: AtomicU32::new(0),
+            machine_available: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn record_hit(&self, tier: Tier, bytes: u64) {
+        self.hits[tier as usize].fetch_add(1, Relaxed);
+        self.bytes[tier as usize].fetch_add(bytes, Relaxed);
+    }
+
+    pub fn record_coalesced(&self) {
+        self.coalesced.fetch_add(1, Relaxed);
+    }
+
+    pub fn record_stall(&self, d: Duration) {
+        self.stall_nanos.fetch_add(d.as_nanos() as u64, Relaxed);
+    }
+
+    pub fn record_batch(&self, samples: u64, bytes: u64) {
+        self.batches.fetch_add(1, Relaxed);
+        self.samples.fetch_add(samples, Relaxed);
+        self.bytes_served.fetch_add(bytes, Relaxed);
+    }
+
+    pub fn stream_opened(&self) {
+        self.active_streams.fetch_add(1, Relaxed);
+    }
+
+    pub fn stream_closed(&self) {
+        self.active_streams.fetch_sub(1, Relaxed);
+    }
+
+    pub fn set_machine_available(&self, bytes: u64) {
+        self.machine_available.store(bytes, Relaxed);
+    }
+
+    pub fn hits(&self, tier: Tier) -> u64 {
+        self.hits[tier as usize].load(Relaxed)
+    }
+
+    /// Counters as the Stats message (memory-tier fields are filled by the caller).
+    pub fn to_proto(&self) -> crate::proto::Stats {
+        let tiers = Tier::ALL
+            .iter()
+            .map(|&t| crate::proto::TierStats {
+                tier: t.name().to_string(),
+                hits: self.hits(t),
+                bytes: self.bytes[t as usize].load(Relaxed),
+            })
+            .collect();
+        let lookups: u64 = Tier::ALL.iter().map(|&t| self.hits(t)).sum();
+        let hit_rate = if lookups == 0 {
+            0.0
+        } else {
+            self.hits(Tier::Memory) as f64 / lookups as f64
+        };
+        crate::proto::Stats {
+            tiers,
+            hit_rate,
+            client_stall_seconds: self.stall_nanos.load(Relaxed) as f64 / 1e9,
+            batches_served: self.batches.load(Relaxed),
+            samples_served: self.samples.load(Relaxed),
+            bytes_served: self.bytes_served.load(Relaxed),
+            active_streams: self.active_streams.load(Relaxed),
+            coalesced_fetches: self.coalesced.load(Relaxed),
+            uptime_seconds: self.started.elapsed().as_secs_f64(),
+            machine_available_bytes: self.machine_available.load(Relaxed),
+            ..Default::default()
+        }
+    }
+}
+
+/// Stats as a table for people: where samples came from and where the time went.
+pub fn format_stats(s: &crate::proto::Stats) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let lookups: u64 = s.tiers.iter().map(|t| t.hits).sum();
+    let _ = writeln!(out, "{:<8} {:>12} {:>8} {:>16}", "tier", "hits", "share", "bytes read");
+    for t in &s.tiers {
+        let share = if lookups == 0 {
+            0.0
+        } else {
+            t.hits as f64 / lookups as f64 * 100.0
+        };
+        let _ = writeln!(out, "{:<8} {:>12} {:>7.1}% {:>16}", t.tier, t.hits, share, t.bytes);
+    }
+    let _ = writeln!(
+        out,
+        "memory tier: {} of {} bytes in {} samples; hit rate {:.1}%; {} inserts declined to keep the working set",
+        s.memory_bytes, s.memory_budget_bytes, s.memory_entries, s.hit_rate * 100.0, s.admissions_declined
+    );
+    let _ = writeln!(
+        out,
+        "served: {} batches, {} samples, {} bytes; {} open streams; {} fetches shared between clients",
+        s.batches_served, s.samples_served, s.bytes_served, s.active_streams, s.coalesced_fetches
+    );
+    let _ = write!(
+        out,
+        "client stall: {:.3}s waiting for batches in {:.1}s uptime; machine memory available: {} bytes",
+        s.client_stall_seconds, s.uptime_seconds, s.machine_available_bytes
+    );
+    out
+}
