@@ -105,8 +105,8 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading config file {}", path.display()))?;
-        let mut config = Config::parse(&text)
-            .with_context(|| format!("in config file {}", path.display()))?;
+        let mut config =
+            Config::parse(&text).with_context(|| format!("in config file {}", path.display()))?;
         // Relative dataset and scratch paths are relative to the config file.
         let base = path.parent().unwrap_or(Path::new("."));
         for d in &mut config.datasets {
@@ -170,9 +170,7 @@ impl Config {
 
     /// Available-memory floor below which the cache gives memory back.
     pub fn min_available_bytes(&self, total_memory: u64) -> u64 {
-        self.memory
-            .min_available_bytes
-            .unwrap_or(total_memory / 10)
+        self.memory.min_available_bytes.unwrap_or(total_memory / 10)
     }
 }
 

@@ -34,7 +34,13 @@ pub fn make_dataset(path: &Path, n: u64, shape: &[usize]) -> Result<()> {
     let labels: Vec<i64> = (0..n).map(expected_label).collect();
     let mut full_shape = vec![n as usize];
     full_shape.extend_from_slice(shape);
-    crate::source::write_hdf5(path, "images", &full_shape, &data, Some(("labels", &labels)))
+    crate::source::write_hdf5(
+        path,
+        "images",
+        &full_shape,
+        &data,
+        Some(("labels", &labels)),
+    )
 }
 
 pub struct DemoOptions {
@@ -52,9 +58,9 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
     let sample_bytes: usize = shape.iter().product();
     let path = dir.path().join("demo.h5");
     make_dataset(&path, opts.samples, &shape)?;
-    let budget =
-        (opts.samples as f64 * (sample_bytes as u64 + ENTRY_OVERHEAD) as f64 * opts.cache_fraction)
-            as u64;
+    let budget = (opts.samples as f64
+        * (sample_bytes as u64 + ENTRY_OVERHEAD) as f64
+        * opts.cache_fraction) as u64;
     println!(
         "demo: {} samples of {:?} uint8 in {} ({} bytes), memory budget {} bytes ({:.0}% of the dataset)",
         opts.samples,
@@ -81,7 +87,10 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
     ))?;
     let daemon = Daemon::start(config).await?;
     let addr = daemon.client_addr();
-    println!("demo: larderd listening on {addr}; {} clients, {} epochs, batch size {}", opts.clients, opts.epochs, opts.batch_size);
+    println!(
+        "demo: larderd listening on {addr}; {} clients, {} epochs, batch size {}",
+        opts.clients, opts.epochs, opts.batch_size
+    );
 
     let mut stats_client = connect(&addr).await?;
     let (mut prev_mem, mut prev_all) = (0u64, 0u64);
@@ -115,8 +124,15 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
             );
         }
         let secs = started.elapsed().as_secs_f64();
-        let stats = stats_client.get_stats(GetStatsRequest {}).await?.into_inner();
-        let mem = stats.tiers.iter().find(|t| t.tier == "memory").map_or(0, |t| t.hits);
+        let stats = stats_client
+            .get_stats(GetStatsRequest {})
+            .await?
+            .into_inner();
+        let mem = stats
+            .tiers
+            .iter()
+            .find(|t| t.tier == "memory")
+            .map_or(0, |t| t.hits);
         let all: u64 = stats.tiers.iter().map(|t| t.hits).sum();
         let hit_rate = (mem - prev_mem) as f64 / (all - prev_all).max(1) as f64;
         (prev_mem, prev_all) = (mem, all);
@@ -128,7 +144,10 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
             hit_rate * 100.0
         );
     }
-    let stats = stats_client.get_stats(GetStatsRequest {}).await?.into_inner();
+    let stats = stats_client
+        .get_stats(GetStatsRequest {})
+        .await?
+        .into_inner();
     println!("\n{}", format_stats(&stats));
     daemon.shutdown().await
 }

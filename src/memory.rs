@@ -229,7 +229,10 @@ mod tests {
             assert!(tier.snapshot().bytes <= tier.snapshot().budget);
         }
         assert_eq!(tier.snapshot().entries, 10);
-        assert!(!tier.insert((0, 1000), sample(100_000)), "larger than the budget");
+        assert!(
+            !tier.insert((0, 1000), sample(100_000)),
+            "larger than the budget"
+        );
     }
 
     #[test]
@@ -239,7 +242,10 @@ mod tests {
         tier.insert((0, 2), sample(10));
         assert!(tier.get(&(0, 1)).is_some());
         assert!(tier.insert((0, 3), sample(10)));
-        assert!(tier.get(&(0, 2)).is_none(), "least recently used goes first");
+        assert!(
+            tier.get(&(0, 2)).is_none(),
+            "least recently used goes first"
+        );
         assert!(tier.get(&(0, 1)).is_some());
     }
 

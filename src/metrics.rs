@@ -126,14 +126,22 @@ pub fn format_stats(s: &crate::proto::Stats) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let lookups: u64 = s.tiers.iter().map(|t| t.hits).sum();
-    let _ = writeln!(out, "{:<8} {:>12} {:>8} {:>16}", "tier", "hits", "share", "bytes read");
+    let _ = writeln!(
+        out,
+        "{:<8} {:>12} {:>8} {:>16}",
+        "tier", "hits", "share", "bytes read"
+    );
     for t in &s.tiers {
         let share = if lookups == 0 {
             0.0
         } else {
             t.hits as f64 / lookups as f64 * 100.0
         };
-        let _ = writeln!(out, "{:<8} {:>12} {:>7.1}% {:>16}", t.tier, t.hits, share, t.bytes);
+        let _ = writeln!(
+            out,
+            "{:<8} {:>12} {:>7.1}% {:>16}",
+            t.tier, t.hits, share, t.bytes
+        );
     }
     let _ = writeln!(
         out,

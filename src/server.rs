@@ -367,7 +367,11 @@ fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener> {
 
 /// Logs, per dataset, how much of it the memory budget holds, planning with the expansion factor.
 fn log_capacity_plan(catalog: &Catalog, budget: u64, expansion_factor: f64) {
-    tracing::info!(budget_bytes = budget, expansion_factor, "memory tier budget");
+    tracing::info!(
+        budget_bytes = budget,
+        expansion_factor,
+        "memory tier budget"
+    );
     for ds in catalog.iter() {
         let disk = ds.source.disk_bytes();
         let planned = (disk as f64 * expansion_factor) as u64;

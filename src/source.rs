@@ -149,8 +149,7 @@ pub fn write_hdf5(
     data: &[u8],
     labels: Option<(&str, &[i64])>,
 ) -> Result<()> {
-    let file =
-        hdf5::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let file = hdf5::File::create(path).with_context(|| format!("creating {}", path.display()))?;
     let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), data.to_vec())
         .context("data does not match the shape")?;
     file.new_dataset_builder()

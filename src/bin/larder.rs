@@ -9,7 +9,12 @@ use larder::proto::{GetStatsRequest, ListDatasetsRequest};
 #[command(version, about = "larder command-line client")]
 struct Args {
     /// Daemon address: http://HOST:PORT or unix:/path/to/socket.
-    #[arg(long, global = true, env = "LARDER_ADDR", default_value = "http://127.0.0.1:7878")]
+    #[arg(
+        long,
+        global = true,
+        env = "LARDER_ADDR",
+        default_value = "http://127.0.0.1:7878"
+    )]
     addr: String,
     #[command(subcommand)]
     command: Command,
@@ -49,8 +54,14 @@ async fn main() -> Result<()> {
     match args.command {
         Command::Datasets => {
             let mut client = connect(&args.addr).await?;
-            let list = client.list_datasets(ListDatasetsRequest {}).await?.into_inner();
-            println!("{:<20} {:>10} {:<16} {:<7} source", "name", "samples", "shape", "labels");
+            let list = client
+                .list_datasets(ListDatasetsRequest {})
+                .await?
+                .into_inner();
+            println!(
+                "{:<20} {:>10} {:<16} {:<7} source",
+                "name", "samples", "shape", "labels"
+            );
             for d in list.datasets {
                 println!(
                     "{:<20} {:>10} {:<16} {:<7} {}",

@@ -5,10 +5,18 @@ use clap::Parser;
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(version, about = "larder daemon: serves preprocessed training samples over gRPC")]
+#[command(
+    version,
+    about = "larder daemon: serves preprocessed training samples over gRPC"
+)]
 struct Args {
     /// Path of the TOML config.
-    #[arg(long, short, default_value = "/etc/larder/larder.toml", env = "LARDER_CONFIG")]
+    #[arg(
+        long,
+        short,
+        default_value = "/etc/larder/larder.toml",
+        env = "LARDER_CONFIG"
+    )]
     config: PathBuf,
 }
 

@@ -1,0 +1,360 @@
+//! End-to-end tests: a real HDF5 file, a real daemon on a free port, real gRPC clients.
+
+use larder::client::{collect_batches, connect, Client};
+use larder::config::Config;
+use larder::demo::{expected_label, expected_sample, make_dataset};
+use larder::memory::ENTRY_OVERHEAD;
+use larder::proto::{Batch, GetStatsRequest, ListDatasetsRequest, Stats, StreamBatchesRequest};
+use larder::server::Daemon;
+use std::collections::HashSet;
+use std::time::Duration;
+use tonic::Code;
+
+const SHAPE: [usize; 3] = [2, 4, 4];
+const SAMPLE_BYTES: usize = 32;
+
+struct Fixture {
+    daemon: Daemon,
+    _dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    async fn start(n: u64, budget: u64) -> Fixture {
+        Fixture::start_with(n, &format!("budget_bytes = {budget}")).await
+    }
+
+    async fn start_with(n: u64, memory: &str) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("train.h5");
+        make_dataset(&path, n, &SHAPE).unwrap();
+        let config = Config::parse(&format!(
+            r#"
+            listen = "127.0.0.1:0"
+            scratch_dir = {scratch:?}
+            max_batch_size = 1000
+            [memory]
+            {memory}
+            watch_interval_ms = 20
+            [[dataset]]
+            name = "train"
+            path = {path:?}
+            labels = "labels"
+            "#,
+            scratch = dir.path().join("scratch"),
+        ))
+        .unwrap();
+        let daemon = Daemon::start(config).await.unwrap();
+        Fixture { daemon, _dir: dir }
+    }
+
+    async fn client(&self) -> Client {
+        connect(&self.daemon.client_addr()).await.unwrap()
+    }
+
+    async fn stats(&self) -> Stats {
+        self.client()
+            .await
+            .get_stats(GetStatsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+    }
+}
+
+fn req(batch_size: u32, seed: u64, epoch: u64) -> StreamBatchesRequest {
+    StreamBatchesRequest {
+        dataset: "train".into(),
+        batch_size,
+        seed,
+        epoch,
+        world_size: 1,
+        ..Default::default()
+    }
+}
+
+async fn epoch(f: &Fixture, r: StreamBatchesRequest) -> Vec<Batch> {
+    collect_batches(&mut f.client().await, r).await.unwrap()
+}
+
+fn ids(batches: &[Batch]) -> Vec<u64> {
+    batches.iter().flat_map(|b| b.sample_ids.clone()).collect()
+}
+
+/// Every sample's bytes and label are the ones in the HDF5 file, and the shape is [B, 2, 4, 4].
+fn check_contents(batches: &[Batch]) {
+    for b in batches {
+        let n = b.sample_ids.len();
+        assert_eq!(b.shape, vec![n as u32, 2, 4, 4]);
+        assert_eq!(b.data.len(), n * SAMPLE_BYTES);
+        for (k, &id) in b.sample_ids.iter().enumerate() {
+            let got = &b.data[k * SAMPLE_BYTES..(k + 1) * SAMPLE_BYTES];
+            assert_eq!(got, &expected_sample(id, SAMPLE_BYTES)[..], "sample {id}");
+            assert_eq!(b.labels[k], expected_label(id));
+        }
+    }
+}
+
+fn hits(stats: &Stats, tier: &str) -> u64 {
+    stats.tiers.iter().find(|t| t.tier == tier).unwrap().hits
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_each_get_every_sample_exactly_once() {
+    let f = Fixture::start(500, 1 << 30).await;
+    let mut jobs = vec![];
+    for seed in 0..3u64 {
+        let addr = f.daemon.client_addr();
+        jobs.push(tokio::spawn(async move {
+            collect_batches(&mut connect(&addr).await.unwrap(), req(7, seed, 0))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut orders = vec![];
+    for job in jobs {
+        let batches = job.await.unwrap();
+        assert_eq!(batches.len(), 72, "ceil(500 / 7)");
+        assert_eq!(batches.last().unwrap().sample_ids.len(), 500 % 7);
+        for (i, b) in batches.iter().enumerate() {
+            assert_eq!((b.batch_index, b.num_batches), (i as u64, 72));
+        }
+        check_contents(&batches);
+        let order = ids(&batches);
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..500).collect::<Vec<_>>());
+        orders.push(order);
+    }
+    assert_ne!(orders[0], orders[1], "different seeds shuffle differently");
+    assert_ne!(orders[0], (0..500).collect::<Vec<_>>(), "shuffled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn order_is_a_function_of_seed_and_epoch() {
+    let f = Fixture::start(200, 1 << 30).await;
+    let a = ids(&epoch(&f, req(16, 5, 0)).await);
+    assert_eq!(a, ids(&epoch(&f, req(16, 5, 0)).await));
+    assert_ne!(a, ids(&epoch(&f, req(16, 5, 1)).await));
+    let sequential = StreamBatchesRequest {
+        sequential: true,
+        ..req(16, 5, 0)
+    };
+    assert_eq!(
+        ids(&epoch(&f, sequential).await),
+        (0..200).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranks_shard_the_epoch_without_overlap() {
+    let f = Fixture::start(1003, 1 << 30).await;
+    let world_size = 4;
+    let mut jobs = vec![];
+    for rank in 0..world_size {
+        let addr = f.daemon.client_addr();
+        let r = StreamBatchesRequest {
+            rank,
+            world_size,
+            ..req(10, 9, 3)
+        };
+        jobs.push(tokio::spawn(async move {
+            collect_batches(&mut connect(&addr).await.unwrap(), r)
+                .await
+                .unwrap()
+        }));
+    }
+    let mut seen = HashSet::new();
+    for job in jobs {
+        let batches = job.await.unwrap();
+        check_contents(&batches);
+        let shard = ids(&batches);
+        assert!((250..=251).contains(&shard.len()), "{}", shard.len());
+        for id in shard {
+            assert!(seen.insert(id), "sample {id} served to two ranks");
+        }
+    }
+    assert_eq!(seen.len(), 1003);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resuming_mid_epoch_serves_exactly_the_rest() {
+    let f = Fixture::start(300, 1 << 30).await;
+    let full = epoch(&f, req(8, 11, 2)).await;
+    let resumed = epoch(
+        &f,
+        StreamBatchesRequest {
+            start_batch: 20,
+            ..req(8, 11, 2)
+        },
+    )
+    .await;
+    assert_eq!(resumed.len(), full.len() - 20);
+    for (a, b) in full[20..].iter().zip(&resumed) {
+        assert_eq!(a, b, "same batch index, ids, labels and bytes");
+    }
+    let mut together = ids(&full[..20]);
+    together.extend(ids(&resumed));
+    together.sort_unstable();
+    assert_eq!(together, (0..300).collect::<Vec<_>>());
+    // Resuming at the very end is an empty, successful stream.
+    let end = epoch(
+        &f,
+        StreamBatchesRequest {
+            start_batch: full.len() as u64,
+            ..req(8, 11, 2)
+        },
+    )
+    .await;
+    assert!(end.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_tier_stays_within_its_budget_and_keeps_its_working_set() {
+    let n = 1000u64;
+    let budget = 250 * (SAMPLE_BYTES as u64 + ENTRY_OVERHEAD);
+    let f = Fixture::start(n, budget).await;
+    let mut before = f.stats().await;
+    for e in 0..3 {
+        let batches = epoch(&f, req(25, 1, e)).await;
+        check_contents(&batches);
+        let s = f.stats().await;
+        assert!(s.memory_bytes <= budget, "{} > {budget}", s.memory_bytes);
+        assert_eq!(s.memory_budget_bytes, budget);
+        if e > 0 {
+            let mem = hits(&s, "memory") - hits(&before, "memory");
+            let rate = mem as f64 / n as f64;
+            // A quarter of the dataset fits: the optimum is 25%, plain LRU would get ~5%.
+            assert!(rate > 0.2, "epoch {e}: hit rate {rate}");
+        }
+        before = s;
+    }
+    assert_eq!(before.samples_served, 3 * n);
+    assert_eq!(
+        hits(&before, "memory") + hits(&before, "raw"),
+        3 * n,
+        "every lookup is counted in exactly one tier"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gives_memory_back_when_the_machine_is_short() {
+    // A floor above the machine's total memory: the machine always looks short.
+    let f = Fixture::start_with(
+        200,
+        "budget_bytes = 1000000\nmin_available_bytes = 18446744073709551615",
+    )
+    .await;
+    let batches = epoch(&f, req(20, 1, 0)).await;
+    check_contents(&batches);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let s = f.stats().await;
+    assert_eq!(
+        s.memory_bytes, 0,
+        "the tier holds nothing while memory is short"
+    );
+    assert_eq!(s.memory_budget_bytes, 0);
+    assert_eq!(s.samples_served, 200, "and still serves, from raw storage");
+    assert!(s.machine_available_bytes > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_asking_for_the_same_samples_share_one_fetch() {
+    let f = Fixture::start(400, 1 << 30).await;
+    let mut jobs = vec![];
+    for _ in 0..4 {
+        let addr = f.daemon.client_addr();
+        jobs.push(tokio::spawn(async move {
+            collect_batches(&mut connect(&addr).await.unwrap(), req(16, 3, 0))
+                .await
+                .unwrap()
+        }));
+    }
+    for job in jobs {
+        check_contents(&job.await.unwrap());
+    }
+    let s = f.stats().await;
+    assert_eq!(
+        hits(&s, "raw"),
+        400,
+        "each sample read from raw storage once"
+    );
+    assert_eq!(s.samples_served, 1600);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_clear_errors_and_the_daemon_keeps_serving() {
+    let f = Fixture::start(50, 1 << 30).await;
+    let mut c = f.client().await;
+    let cases = [
+        (
+            StreamBatchesRequest {
+                dataset: "nope".into(),
+                ..req(4, 0, 0)
+            },
+            Code::NotFound,
+            "unknown dataset \"nope\"; this daemon serves: train",
+        ),
+        (
+            req(0, 0, 0),
+            Code::InvalidArgument,
+            "batch_size must be at least 1",
+        ),
+        (req(5000, 0, 0), Code::InvalidArgument, "max_batch_size"),
+        (
+            StreamBatchesRequest {
+                rank: 2,
+                world_size: 2,
+                ..req(4, 0, 0)
+            },
+            Code::InvalidArgument,
+            "rank 2 is out of range",
+        ),
+        (
+            StreamBatchesRequest {
+                start_batch: 14,
+                ..req(4, 0, 0)
+            },
+            Code::InvalidArgument,
+            "past the end of the epoch",
+        ),
+    ];
+    for (r, code, text) in cases {
+        let status = c.stream_batches(r).await.err().expect("an error status");
+        assert_eq!(status.code(), code, "{status:?}");
+        assert!(status.message().contains(text), "{}", status.message());
+    }
+    let batches = epoch(&f, req(4, 0, 0)).await;
+    assert_eq!(ids(&batches).len(), 50);
+    let list = c
+        .list_datasets(ListDatasetsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(list.datasets.len(), 1);
+    let d = &list.datasets[0];
+    assert_eq!(
+        (d.num_samples, d.sample_bytes, d.has_labels),
+        (50, 32, true)
+    );
+    assert_eq!(d.sample_shape, vec![2, 4, 4]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_mid_epoch_does_not_hurt_the_others() {
+    let f = Fixture::start(2000, 1 << 30).await;
+    let mut c = f.client().await;
+    let mut stream = c.stream_batches(req(10, 0, 0)).await.unwrap().into_inner();
+    stream.message().await.unwrap().unwrap();
+    stream.message().await.unwrap().unwrap();
+    drop(stream);
+    drop(c);
+    let batches = epoch(&f, req(100, 1, 0)).await;
+    assert_eq!(ids(&batches).len(), 2000);
+    for _ in 0..100 {
+        if f.stats().await.active_streams == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the abandoned stream was never closed");
+}
