@@ -319,7 +319,7 @@ async fn bad_requests_get_clear_errors_and_the_daemon_keeps_serving() {
         ),
     ];
     for (r, code, text) in cases {
-        let status = c.stream_batches(r).await.err().expect("an error status");
+        let status = c.stream_batches(r).await.expect_err("an error status");
         assert_eq!(status.code(), code, "{status:?}");
         assert!(status.message().contains(text), "{}", status.message());
     }
