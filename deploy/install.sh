@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs larderd as a systemd service on this machine (run as root from the repository root).
+set -euo pipefail
+cargo build --release --locked
+install -m 0755 target/release/larderd target/release/larder /usr/local/bin/
+id -u larder >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin larder
+install -d -m 0755 /etc/larder
+[ -e /etc/larder/larder.toml ] || install -m 0644 deploy/larder.toml /etc/larder/larder.toml
+install -m 0644 deploy/larderd.service /etc/systemd/system/larderd.service
+systemctl daemon-reload
+echo "edit /etc/larder/larder.toml, then: systemctl enable --now larderd"

@@ -1,0 +1,86 @@
+//! The installed programs: larderd started from a TOML config on a Unix socket, the larder CLI
+//! talking to it, a clean exit on SIGTERM, and a clear failure on a bad config.
+
+use larder::demo::make_dataset;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn larder(addr: &str, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_larder"))
+        .arg("--addr")
+        .arg(addr)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn larderd_serves_the_cli_over_a_unix_socket_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    make_dataset(&dir.path().join("train.h5"), 64, &[3, 8, 8]).unwrap();
+    let socket = dir.path().join("run/larder.sock");
+    let config = dir.path().join("larder.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "unix_socket = {socket:?}\nscratch_dir = \"scratch\"\n[memory]\nbudget_bytes = 100000\n\
+             [[dataset]]\nname = \"train\"\npath = \"train.h5\"\nlabels = \"labels\"\n"
+        ),
+    )
+    .unwrap();
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_larderd"))
+        .arg("--config")
+        .arg(&config)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !socket.exists() {
+        assert!(started.elapsed() < Duration::from_secs(20), "larderd did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let addr = format!("unix:{}", socket.display());
+
+    let datasets = larder(&addr, &["datasets"]);
+    assert!(datasets.contains("train"), "{datasets}");
+    assert!(datasets.contains("[3, 8, 8]"), "{datasets}");
+    assert!(datasets.contains("train.h5#images"), "{datasets}");
+    let stats = larder(&addr, &["stats"]);
+    assert!(stats.contains("memory tier: 0 of 100000 bytes"), "{stats}");
+
+    let pid = daemon.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let status = daemon.wait().unwrap();
+    assert!(status.success(), "larderd exited with {status}");
+    assert!(!socket.exists(), "the socket is removed on exit");
+}
+
+#[test]
+fn larderd_fails_clearly_on_a_bad_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("larder.toml");
+    std::fs::write(
+        &config,
+        "listen = \"127.0.0.1:0\"\n[[dataset]]\nname = \"x\"\npath = \"missing.h5\"\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_larderd"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("opening dataset \"x\""), "{err}");
+    assert!(err.contains("missing.h5"), "{err}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_larder"))
+        .args(["--addr", "unix:/nonexistent/larder.sock", "stats"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("connecting to larderd at unix:/nonexistent/larder.sock"), "{err}");
+}
