@@ -217,7 +217,10 @@ mod tests {
     fn the_shipped_example_config_is_valid() {
         let text = include_str!("../deploy/larder.toml");
         let c = Config::parse(text).unwrap();
-        assert_eq!(c.unix_socket.as_deref(), Some(Path::new("/run/larder/larder.sock")));
+        assert_eq!(
+            c.unix_socket.as_deref(),
+            Some(Path::new("/run/larder/larder.sock"))
+        );
         assert_eq!(c.datasets.len(), 1);
     }
 }

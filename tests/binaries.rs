@@ -12,7 +12,11 @@ fn larder(addr: &str, args: &[&str]) -> String {
         .args(args)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -38,7 +42,10 @@ fn larderd_serves_the_cli_over_a_unix_socket_and_stops_on_sigterm() {
         .unwrap();
     let started = Instant::now();
     while !socket.exists() {
-        assert!(started.elapsed() < Duration::from_secs(20), "larderd did not start");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "larderd did not start"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let addr = format!("unix:{}", socket.display());
@@ -51,7 +58,11 @@ fn larderd_serves_the_cli_over_a_unix_socket_and_stops_on_sigterm() {
     assert!(stats.contains("memory tier: 0 of 100000 bytes"), "{stats}");
 
     let pid = daemon.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
     let status = daemon.wait().unwrap();
     assert!(status.success(), "larderd exited with {status}");
     assert!(!socket.exists(), "the socket is removed on exit");
@@ -82,5 +93,8 @@ fn larderd_fails_clearly_on_a_bad_config() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("connecting to larderd at unix:/nonexistent/larder.sock"), "{err}");
+    assert!(
+        err.contains("connecting to larderd at unix:/nonexistent/larder.sock"),
+        "{err}"
+    );
 }
