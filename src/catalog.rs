@@ -1,7 +1,9 @@
 //! The datasets the daemon serves, opened from the config.
 
-use crate::config::DatasetConfig;
-use crate::source::{Hdf5Source, RawSource};
+use crate::config::{DatasetConfig, ScratchConfig, SourceKind};
+use crate::preprocess::Preprocess;
+use crate::scratch::{fnv1a, ScratchSpace, ScratchTier};
+use crate::source::{Hdf5Source, ImageFolderSource, RawSource};
 use anyhow::{Context, Result};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,23 +13,37 @@ pub struct Dataset {
     pub id: u32,
     pub name: String,
     pub source: Box<dyn RawSource>,
+    pub preprocess: Preprocess,
     /// Shape of one preprocessed sample.
     pub shape: Vec<u32>,
     /// Bytes of one preprocessed sample.
     pub sample_bytes: u64,
+    /// The dataset's scratch shards, unless the scratch tier is off or could not be opened.
+    pub scratch: Option<ScratchTier>,
 }
 
 impl Dataset {
-    pub fn new(id: u32, name: &str, source: Box<dyn RawSource>) -> Dataset {
-        let shape = source.sample_shape().to_vec();
-        let sample_bytes = shape.iter().map(|&d| d as u64).product();
+    pub fn new(id: u32, name: &str, source: Box<dyn RawSource>, preprocess: Preprocess) -> Dataset {
+        let shape = preprocess.shape();
         Dataset {
             id,
             name: name.to_string(),
             source,
+            sample_bytes: preprocess.sample_bytes(),
+            preprocess,
             shape,
-            sample_bytes,
+            scratch: None,
         }
+    }
+
+    /// Identifies the raw data and its preprocessing: scratch shards of another fingerprint
+    /// are out of date.
+    pub fn fingerprint(&self) -> u64 {
+        fnv1a(&[
+            self.source.version().as_bytes(),
+            self.preprocess.describe().as_bytes(),
+            &self.len().to_le_bytes(),
+        ])
     }
 
     pub fn len(&self) -> u64 {
@@ -40,6 +56,14 @@ impl Dataset {
 
     pub fn label(&self, index: u64) -> Option<i64> {
         self.source.labels().map(|l| l[index as usize])
+    }
+
+    /// Reads sample `index` from raw storage and preprocesses it (blocking).
+    pub fn load_raw(&self, index: u64) -> Result<Vec<u8>> {
+        let raw = self.source.read(index)?;
+        self.preprocess
+            .apply(raw)
+            .with_context(|| format!("preprocessing sample {index} of {:?}", self.name))
     }
 
     pub fn info(&self) -> crate::proto::DatasetInfo {
@@ -57,20 +81,46 @@ impl Dataset {
 #[derive(Default)]
 pub struct Catalog {
     datasets: BTreeMap<String, Arc<Dataset>>,
+    pub scratch: Option<Arc<ScratchSpace>>,
 }
 
 impl Catalog {
-    pub fn open(configs: &[DatasetConfig]) -> Result<Catalog> {
+    /// Opens every dataset (an error names the one that failed) and, if enabled, the scratch tier.
+    /// A scratch directory that cannot be used is logged, and the daemon serves without it.
+    pub fn open(configs: &[DatasetConfig], scratch: &ScratchConfig) -> Result<Catalog> {
         let mut catalog = Catalog::default();
+        if scratch.enabled {
+            match ScratchSpace::open(&scratch.dir, scratch.budget_bytes) {
+                Ok(space) => catalog.scratch = Some(space),
+                Err(e) => tracing::error!("scratch tier disabled: {e:#}"),
+            }
+        }
         for (id, c) in configs.iter().enumerate() {
-            let source = Hdf5Source::open(&c.path, &c.samples, c.labels.as_deref())
+            let dataset = open_dataset(id as u32, c)
                 .with_context(|| format!("opening dataset {:?}", c.name))?;
-            catalog.add(Dataset::new(id as u32, &c.name, Box::new(source)));
+            catalog.add(dataset, scratch.shard_bytes);
         }
         Ok(catalog)
     }
 
-    pub fn add(&mut self, dataset: Dataset) {
+    /// Adds a dataset, opening its scratch shards if the catalog has a scratch tier.
+    pub fn add(&mut self, mut dataset: Dataset, shard_bytes: u64) {
+        if let Some(space) = &self.scratch {
+            let opened = ScratchTier::open(
+                space,
+                &dataset.name,
+                dataset.fingerprint(),
+                dataset.sample_bytes,
+                dataset.len(),
+                shard_bytes,
+            );
+            match opened {
+                Ok(tier) => dataset.scratch = Some(tier),
+                Err(e) => {
+                    tracing::error!(dataset = %dataset.name, "no scratch tier for this dataset: {e:#}")
+                }
+            }
+        }
         self.datasets
             .insert(dataset.name.clone(), Arc::new(dataset));
     }
@@ -86,4 +136,28 @@ impl Catalog {
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Dataset>> {
         self.datasets.values()
     }
+}
+
+fn open_dataset(id: u32, c: &DatasetConfig) -> Result<Dataset> {
+    Ok(match c.kind {
+        SourceKind::Hdf5 => {
+            let source = Hdf5Source::open(&c.path, &c.samples, c.labels.as_deref())?;
+            let shape = source.sample_shape().unwrap_or_default().to_vec();
+            Dataset::new(
+                id,
+                &c.name,
+                Box::new(source),
+                Preprocess::Identity { shape },
+            )
+        }
+        SourceKind::Images => {
+            let source = ImageFolderSource::open(&c.path)?;
+            tracing::info!(dataset = %c.name, classes = source.classes.len(), images = source.len(), "image folder opened");
+            let preprocess = Preprocess::Image {
+                resize: c.resize,
+                crop: c.crop,
+            };
+            Dataset::new(id, &c.name, Box::new(source), preprocess)
+        }
+    })
 }

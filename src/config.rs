@@ -18,9 +18,11 @@ pub struct Config {
     pub unix_socket: Option<PathBuf>,
     #[serde(default)]
     pub memory: MemoryConfig,
-    /// Where the scratch tier keeps its shard files.
-    #[serde(default = "default_scratch_dir")]
-    pub scratch_dir: PathBuf,
+    #[serde(default)]
+    pub scratch: ScratchConfig,
+    /// Threads that read raw samples and preprocess them. Default: the number of CPUs.
+    #[serde(default)]
+    pub preprocess_workers: Option<usize>,
     /// Batches each stream prepares ahead of its client.
     #[serde(default = "default_prefetch_batches")]
     pub prefetch_batches: usize,
@@ -66,21 +68,81 @@ impl Default for MemoryConfig {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct ScratchConfig {
+    /// Where the scratch tier keeps its shard files; on fast local disk.
+    #[serde(default = "default_scratch_dir")]
+    pub dir: PathBuf,
+    /// Bytes the shard files may take in all. Default: 80% of the disk's free space at start.
+    #[serde(default)]
+    pub budget_bytes: Option<u64>,
+    /// Size of one shard file.
+    #[serde(default = "default_shard_bytes")]
+    pub shard_bytes: u64,
+    /// Set to false to serve from memory and raw storage only.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+}
+
+impl Default for ScratchConfig {
+    fn default() -> Self {
+        ScratchConfig {
+            dir: default_scratch_dir(),
+            budget_bytes: None,
+            shard_bytes: default_shard_bytes(),
+            enabled: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceKind {
+    /// An HDF5 file with a uint8 dataset [N, ...] and optional integer labels [N].
+    Hdf5,
+    /// A folder of class subfolders holding JPEG/PNG images; the class is the label.
+    Images,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DatasetConfig {
     /// Name clients ask for.
     pub name: String,
-    /// Path of the HDF5 file.
+    #[serde(default = "default_kind")]
+    pub kind: SourceKind,
+    /// The HDF5 file, or the image folder.
     pub path: PathBuf,
-    /// HDF5 dataset of samples, shaped [N, ...], uint8.
+    /// HDF5: dataset of samples, shaped [N, ...], uint8.
     #[serde(default = "default_hdf5_samples")]
     pub samples: String,
-    /// Optional HDF5 dataset of integer labels, shaped [N].
+    /// HDF5: optional dataset of integer labels, shaped [N].
     #[serde(default)]
     pub labels: Option<String>,
+    /// Images: the shorter side is resized to this many pixels...
+    #[serde(default = "default_resize")]
+    pub resize: u32,
+    /// ...then the center crop x crop pixels are kept, as uint8 [3, crop, crop].
+    #[serde(default = "default_crop")]
+    pub crop: u32,
 }
 
 fn default_scratch_dir() -> PathBuf {
     PathBuf::from("/var/cache/larder")
+}
+fn default_shard_bytes() -> u64 {
+    256 << 20
+}
+fn default_true() -> bool {
+    true
+}
+fn default_kind() -> SourceKind {
+    SourceKind::Hdf5
+}
+fn default_resize() -> u32 {
+    256
+}
+fn default_crop() -> u32 {
+    224
 }
 fn default_prefetch_batches() -> usize {
     4
@@ -114,8 +176,8 @@ impl Config {
                 d.path = base.join(&d.path);
             }
         }
-        if config.scratch_dir.is_relative() {
-            config.scratch_dir = base.join(&config.scratch_dir);
+        if config.scratch.dir.is_relative() {
+            config.scratch.dir = base.join(&config.scratch.dir);
         }
         Ok(config)
     }
@@ -146,6 +208,12 @@ impl Config {
         if self.prefetch_batches == 0 {
             bail!("prefetch_batches must be at least 1");
         }
+        if self.scratch.shard_bytes < 4096 {
+            bail!("scratch.shard_bytes must be at least 4096");
+        }
+        if self.preprocess_workers == Some(0) {
+            bail!("preprocess_workers must be at least 1");
+        }
         if self.max_batch_size == 0 {
             bail!("max_batch_size must be at least 1");
         }
@@ -156,6 +224,14 @@ impl Config {
             }
             if !names.insert(d.name.as_str()) {
                 bail!("dataset name {:?} is declared twice", d.name);
+            }
+            if d.kind == SourceKind::Images && (d.crop == 0 || d.resize < d.crop) {
+                bail!(
+                    "dataset {:?}: need 0 < crop <= resize (crop = {}, resize = {})",
+                    d.name,
+                    d.crop,
+                    d.resize
+                );
             }
         }
         Ok(())
@@ -184,7 +260,9 @@ mod tests {
             r#"
             listen = "127.0.0.1:7878"
             unix_socket = "/run/larder/larder.sock"
-            scratch_dir = "/scratch/larder"
+            [scratch]
+            dir = "/scratch/larder"
+            budget_bytes = 5000
             [memory]
             budget_bytes = 1000
             expansion_factor = 2.0
@@ -193,12 +271,20 @@ mod tests {
             path = "/data/cifar.h5"
             samples = "x"
             labels = "y"
+            [[dataset]]
+            name = "imagenet"
+            kind = "images"
+            path = "/data/imagenet/train"
+            crop = 200
             "#,
         )
         .unwrap();
         assert_eq!(c.budget_bytes(1 << 30), 1000);
         assert_eq!(c.datasets[0].labels.as_deref(), Some("y"));
         assert_eq!(c.memory.expansion_factor, 2.0);
+        assert_eq!(c.scratch.budget_bytes, Some(5000));
+        assert_eq!(c.datasets[1].kind, SourceKind::Images);
+        assert_eq!((c.datasets[1].resize, c.datasets[1].crop), (256, 200));
     }
 
     #[test]
@@ -211,6 +297,9 @@ mod tests {
         let dup = "listen=\"a\"\n[[dataset]]\nname=\"a\"\npath=\"p\"\n[[dataset]]\nname=\"a\"\npath=\"q\"";
         let err = format!("{:#}", Config::parse(dup).unwrap_err());
         assert!(err.contains("declared twice"), "{err}");
+        let crop = "listen=\"a\"\n[[dataset]]\nname=\"i\"\nkind=\"images\"\npath=\"p\"\nresize=100\ncrop=120";
+        let err = format!("{:#}", Config::parse(crop).unwrap_err());
+        assert!(err.contains("crop <= resize"), "{err}");
     }
 
     #[test]
@@ -221,6 +310,6 @@ mod tests {
             c.unix_socket.as_deref(),
             Some(Path::new("/run/larder/larder.sock"))
         );
-        assert_eq!(c.datasets.len(), 1);
+        assert_eq!(c.datasets.len(), 2);
     }
 }

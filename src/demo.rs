@@ -73,7 +73,8 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
     let config = Config::parse(&format!(
         r#"
         listen = "127.0.0.1:0"
-        scratch_dir = {scratch:?}
+        [scratch]
+        dir = {scratch:?}
         [memory]
         budget_bytes = {budget}
         [[dataset]]

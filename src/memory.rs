@@ -22,6 +22,8 @@ pub const ENTRY_OVERHEAD: u64 = 96;
 
 struct Entry {
     data: Bytes,
+    /// Bytes the sample takes in raw storage.
+    disk: u64,
     last_use: u64,
 }
 
@@ -29,6 +31,8 @@ struct Inner {
     lru: LruCache<Key, Entry>,
     /// Bytes held, overhead included.
     bytes: u64,
+    /// Raw-storage bytes of the samples held.
+    disk_bytes: u64,
     /// Configured budget.
     budget: u64,
     /// Current limit: the budget, lowered while the machine is short of memory.
@@ -51,6 +55,8 @@ pub struct MemorySnapshot {
     pub limit: u64,
     pub budget: u64,
     pub entries: u64,
+    /// Raw-storage bytes of the samples held: bytes / disk_bytes is the measured expansion factor.
+    pub disk_bytes: u64,
     pub declined: u64,
     pub evicted: u64,
 }
@@ -65,6 +71,7 @@ impl MemoryTier {
             inner: Mutex::new(Inner {
                 lru: LruCache::unbounded(),
                 bytes: 0,
+                disk_bytes: 0,
                 budget,
                 limit: budget,
                 clock: 0,
@@ -96,8 +103,8 @@ impl MemoryTier {
         self.lock().lru.peek(key).map(|e| e.data.clone())
     }
 
-    /// Offers a sample to the tier. Returns whether it was kept.
-    pub fn insert(&self, key: Key, data: Bytes) -> bool {
+    /// Offers a sample that takes `disk` bytes in raw storage. Returns whether it was kept.
+    pub fn insert(&self, key: Key, data: Bytes, disk: u64) -> bool {
         let cost = entry_cost(&data);
         let mut inner = self.lock();
         if inner.lru.contains(&key) {
@@ -120,10 +127,12 @@ impl MemoryTier {
         }
         let now = inner.clock;
         inner.bytes += cost;
+        inner.disk_bytes += disk;
         inner.lru.put(
             key,
             Entry {
                 data,
+                disk,
                 last_use: now,
             },
         );
@@ -153,6 +162,7 @@ impl MemoryTier {
             limit: inner.limit,
             budget: inner.budget,
             entries: inner.lru.len() as u64,
+            disk_bytes: inner.disk_bytes,
             declined: inner.declined,
             evicted: inner.evicted,
         }
@@ -163,6 +173,7 @@ impl Inner {
     fn evict_lru(&mut self) {
         if let Some((_, e)) = self.lru.pop_lru() {
             self.bytes -= entry_cost(&e.data);
+            self.disk_bytes -= e.disk;
             self.evicted += 1;
         }
     }
@@ -225,12 +236,12 @@ mod tests {
     fn never_exceeds_its_budget() {
         let tier = MemoryTier::new(10 * (100 + ENTRY_OVERHEAD));
         for i in 0..100 {
-            tier.insert((0, i), sample(100));
+            tier.insert((0, i), sample(100), 1);
             assert!(tier.snapshot().bytes <= tier.snapshot().budget);
         }
         assert_eq!(tier.snapshot().entries, 10);
         assert!(
-            !tier.insert((0, 1000), sample(100_000)),
+            !tier.insert((0, 1000), sample(100_000), 1),
             "larger than the budget"
         );
     }
@@ -238,10 +249,10 @@ mod tests {
     #[test]
     fn plain_lru_when_nothing_is_protected() {
         let tier = MemoryTier::new(2 * (10 + ENTRY_OVERHEAD));
-        tier.insert((0, 1), sample(10));
-        tier.insert((0, 2), sample(10));
+        tier.insert((0, 1), sample(10), 1);
+        tier.insert((0, 2), sample(10), 1);
         assert!(tier.get(&(0, 1)).is_some());
-        assert!(tier.insert((0, 3), sample(10)));
+        assert!(tier.insert((0, 3), sample(10), 1));
         assert!(
             tier.get(&(0, 2)).is_none(),
             "least recently used goes first"
@@ -253,14 +264,17 @@ mod tests {
     fn keeps_recently_used_entries_and_declines_newcomers() {
         let tier = MemoryTier::new(2 * (10 + ENTRY_OVERHEAD));
         tier.set_stale_after(100);
-        tier.insert((0, 1), sample(10));
-        tier.insert((0, 2), sample(10));
-        assert!(!tier.insert((0, 3), sample(10)));
+        tier.insert((0, 1), sample(10), 1);
+        tier.insert((0, 2), sample(10), 1);
+        assert!(!tier.insert((0, 3), sample(10), 1));
         assert_eq!(tier.snapshot().declined, 1);
         for _ in 0..101 {
             tier.get(&(9, 9));
         }
-        assert!(tier.insert((0, 3), sample(10)), "stale entries make room");
+        assert!(
+            tier.insert((0, 3), sample(10), 1),
+            "stale entries make room"
+        );
     }
 
     #[test]
@@ -268,7 +282,7 @@ mod tests {
         let tier = MemoryTier::new(10 * (10 + ENTRY_OVERHEAD));
         tier.set_stale_after(u64::MAX);
         for i in 0..10 {
-            tier.insert((0, i), sample(10));
+            tier.insert((0, i), sample(10), 1);
         }
         tier.set_limit(3 * (10 + ENTRY_OVERHEAD));
         let s = tier.snapshot();
@@ -298,7 +312,7 @@ mod tests {
             for i in epoch_order(n, 42, epoch, true) {
                 let hit = tier.get(&(0, i)).is_some();
                 if !hit {
-                    tier.insert((0, i), sample(1));
+                    tier.insert((0, i), sample(1), 1);
                 }
                 if epoch > 0 {
                     lookups += 1;

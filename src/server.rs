@@ -7,7 +7,7 @@ use crate::metrics::Metrics;
 use crate::proto::larder_server::{Larder, LarderServer};
 use crate::proto::{
     Batch, DatasetInfo, GetStatsRequest, ListDatasetsRequest, ListDatasetsResponse, Stats,
-    StreamBatchesRequest,
+    StreamBatchesRequest, WarmProgress, WarmRequest,
 };
 use crate::sampler::{Plan, PlanRequest};
 use crate::store::Store;
@@ -33,6 +33,7 @@ pub struct Service {
     store: Arc<Store>,
     prefetch_batches: usize,
     max_batch_size: u32,
+    expansion_factor: f64,
 }
 
 impl Service {
@@ -42,17 +43,21 @@ impl Service {
             store,
             prefetch_batches: config.prefetch_batches,
             max_batch_size: config.max_batch_size,
+            expansion_factor: config.memory.expansion_factor,
         }
     }
 
-    fn plan(&self, req: &StreamBatchesRequest) -> Result<(Arc<Dataset>, Plan), Status> {
-        let ds = self.catalog.get(&req.dataset).ok_or_else(|| {
+    fn dataset(&self, name: &str) -> Result<Arc<Dataset>, Status> {
+        self.catalog.get(name).ok_or_else(|| {
             Status::not_found(format!(
-                "unknown dataset {:?}; this daemon serves: {}",
-                req.dataset,
+                "unknown dataset {name:?}; this daemon serves: {}",
                 self.catalog.names().join(", ")
             ))
-        })?;
+        })
+    }
+
+    fn plan(&self, req: &StreamBatchesRequest) -> Result<(Arc<Dataset>, Plan), Status> {
+        let ds = self.dataset(&req.dataset)?;
         if req.batch_size > self.max_batch_size {
             return Err(Status::invalid_argument(format!(
                 "batch_size {} is larger than the daemon's max_batch_size {}",
@@ -127,13 +132,82 @@ impl Larder for Service {
 
     async fn get_stats(&self, _: Request<GetStatsRequest>) -> Result<Response<Stats>, Status> {
         let mem = self.store.memory.snapshot();
+        let scratch = self
+            .catalog
+            .scratch
+            .as_ref()
+            .map(|s| s.snapshot())
+            .unwrap_or_default();
         Ok(Response::new(Stats {
             memory_bytes: mem.bytes,
             memory_budget_bytes: mem.limit,
             memory_entries: mem.entries,
             admissions_declined: mem.declined,
+            measured_expansion_factor: if mem.disk_bytes == 0 {
+                0.0
+            } else {
+                mem.bytes as f64 / mem.disk_bytes as f64
+            },
+            planned_expansion_factor: self.expansion_factor,
+            scratch_bytes: scratch.used,
+            scratch_budget_bytes: scratch.budget,
+            scratch_corrupt_records: scratch.corrupt,
+            scratch_paused: scratch.paused.unwrap_or_default(),
             ..self.store.metrics.to_proto()
         }))
+    }
+
+    type WarmStream = Pin<Box<dyn Stream<Item = Result<WarmProgress, Status>> + Send>>;
+
+    async fn warm(
+        &self,
+        request: Request<WarmRequest>,
+    ) -> Result<Response<Self::WarmStream>, Status> {
+        let ds = self.dataset(&request.into_inner().dataset)?;
+        if ds.scratch.is_none() {
+            return Err(Status::failed_precondition(format!(
+                "dataset {:?} has no scratch tier (scratch.enabled is false or its directory is unusable; see the daemon's log)",
+                ds.name
+            )));
+        }
+        let (progress_tx, mut progress_rx) = mpsc::channel(16);
+        let (tx, rx) = mpsc::channel(16);
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            tracing::info!(dataset = %ds.name, "warming the scratch tier");
+            let warm = store.warm(&ds, progress_tx);
+            tokio::pin!(warm);
+            // Forward progress until warming ends; its result goes last.
+            let result = loop {
+                tokio::select! {
+                    result = &mut warm => break result,
+                    Some(p) = progress_rx.recv() => {
+                        if tx.send(Ok(to_proto(p))).await.is_err() {
+                            tracing::info!(dataset = %ds.name, "warm cancelled by the client");
+                            return;
+                        }
+                    }
+                }
+            };
+            while let Ok(p) = progress_rx.try_recv() {
+                let _ = tx.send(Ok(to_proto(p))).await;
+            }
+            match result {
+                Ok(p) => {
+                    tracing::info!(dataset = %ds.name, written = p.written, present = p.present, "scratch tier warm");
+                    let _ = tx.send(Ok(to_proto(p))).await;
+                }
+                Err(e) => {
+                    tracing::warn!(dataset = %ds.name, "warming failed: {e:#}");
+                    let _ = tx
+                        .send(Err(Status::resource_exhausted(format!("{e:#}"))))
+                        .await;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 
     type StreamBatchesStream = BatchStream;
@@ -189,6 +263,15 @@ impl Larder for Service {
     }
 }
 
+fn to_proto(p: crate::store::WarmProgress) -> WarmProgress {
+    WarmProgress {
+        done: p.done,
+        total: p.total,
+        written: p.written,
+        present: p.present,
+    }
+}
+
 /// Counts the time the outgoing stream waits for a batch that is not ready (client stall),
 /// and the batches it hands on.
 struct MeteredStream {
@@ -234,7 +317,7 @@ pub struct Daemon {
 impl Daemon {
     /// Opens the datasets and starts serving.
     pub async fn start(config: Config) -> Result<Daemon> {
-        let catalog = Catalog::open(&config.datasets)?;
+        let catalog = Catalog::open(&config.datasets, &config.scratch)?;
         Daemon::start_with_catalog(config, catalog).await
     }
 
@@ -249,7 +332,10 @@ impl Daemon {
         let metrics = Arc::new(Metrics::default());
         metrics.set_machine_available(sys.available_memory());
         let memory = Arc::new(MemoryTier::new(budget));
-        let store = Store::new(memory.clone(), metrics.clone());
+        let workers = config
+            .preprocess_workers
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        let store = Store::new(memory.clone(), metrics.clone(), workers);
         let watcher = tokio::spawn(memory::watch_available_memory(
             memory,
             floor,

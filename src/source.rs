@@ -5,24 +5,47 @@ use hdf5::types::{IntSize, TypeDescriptor};
 use hdf5::{Hyperslab, SliceOrIndex};
 use std::path::{Path, PathBuf};
 
-/// A dataset of raw samples on long-term storage, read one sample or one range at a time.
+/// A dataset of raw samples on long-term storage.
 pub trait RawSource: Send + Sync {
     /// Number of samples.
     fn len(&self) -> u64;
-    /// Shape of one raw sample.
-    fn sample_shape(&self) -> &[u32];
+    /// Shape of one raw sample when every sample has the same uint8 shape (HDF5), else None.
+    fn sample_shape(&self) -> Option<&[u32]>;
     /// Labels of all samples, if the dataset has them.
     fn labels(&self) -> Option<&[i64]>;
-    /// Raw bytes of samples `start..start + count`, concatenated.
-    fn read(&self, start: u64, count: u64) -> Result<Vec<u8>>;
+    /// Raw bytes of sample `index` (a uint8 array, or an encoded image file).
+    fn read(&self, index: u64) -> Result<Vec<u8>>;
+    /// Raw bytes of samples `start..start + count`, one Vec each; sources that can read a
+    /// range at once faster than one by one override this.
+    fn read_range(&self, start: u64, count: u64) -> Result<Vec<Vec<u8>>> {
+        (start..start + count).map(|i| self.read(i)).collect()
+    }
     /// Bytes the raw data takes on disk (for capacity planning).
     fn disk_bytes(&self) -> u64;
+    /// Bytes sample `index` takes on disk (for the measured expansion factor).
+    fn disk_bytes_of(&self, _index: u64) -> u64 {
+        self.disk_bytes() / self.len().max(1)
+    }
     /// Human-readable description, e.g. "hdf5:/data/x.h5#images".
     fn describe(&self) -> String;
+    /// Changes whenever the raw data may have changed (path, size, modification time), so the
+    /// scratch tier can tell its shards are out of date.
+    fn version(&self) -> String;
 
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Path, size and modification time of a file, as a version string.
+fn file_version(path: &Path) -> String {
+    let meta = std::fs::metadata(path).ok();
+    let len = meta.as_ref().map_or(0, |m| m.len());
+    let mtime = meta
+        .and_then(|m| m.modified().ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    format!("{}:{len}:{mtime}", path.display())
 }
 
 /// A uint8 HDF5 dataset shaped [N, ...] with an optional integer label dataset shaped [N].
@@ -99,15 +122,45 @@ impl RawSource for Hdf5Source {
         self.len
     }
 
-    fn sample_shape(&self) -> &[u32] {
-        &self.shape
+    fn sample_shape(&self) -> Option<&[u32]> {
+        Some(&self.shape)
     }
 
     fn labels(&self) -> Option<&[i64]> {
         self.labels.as_deref()
     }
 
-    fn read(&self, start: u64, count: u64) -> Result<Vec<u8>> {
+    fn read(&self, index: u64) -> Result<Vec<u8>> {
+        self.read_block(index, 1)
+    }
+
+    fn read_range(&self, start: u64, count: u64) -> Result<Vec<Vec<u8>>> {
+        let block = self.read_block(start, count)?;
+        let size = self
+            .shape
+            .iter()
+            .map(|&d| d as usize)
+            .product::<usize>()
+            .max(1);
+        Ok(block.chunks(size).map(<[u8]>::to_vec).collect())
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        self.disk_bytes
+    }
+
+    fn describe(&self) -> String {
+        format!("hdf5:{}#{}", self.path.display(), self.name)
+    }
+
+    fn version(&self) -> String {
+        format!("{}#{}", file_version(&self.path), self.name)
+    }
+}
+
+impl Hdf5Source {
+    /// Samples `start..start + count`, concatenated, in one hyperslab read.
+    fn read_block(&self, start: u64, count: u64) -> Result<Vec<u8>> {
         ensure!(
             start.checked_add(count).is_some_and(|end| end <= self.len),
             "samples {start}..{} are out of range (dataset has {})",
@@ -130,13 +183,122 @@ impl RawSource for Hdf5Source {
         let (data, _) = array.into_raw_vec_and_offset();
         Ok(data)
     }
+}
+
+/// File extensions read as images.
+const IMAGE_EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
+
+/// A folder with one subfolder per class holding JPEG/PNG files: the label of an image is the
+/// index of its class among the sorted class names; samples are ordered by class, then file name.
+pub struct ImageFolderSource {
+    root: PathBuf,
+    files: Vec<PathBuf>,
+    sizes: Vec<u64>,
+    labels: Vec<i64>,
+    pub classes: Vec<String>,
+    disk_bytes: u64,
+    version: String,
+}
+
+impl ImageFolderSource {
+    pub fn open(root: &Path) -> Result<ImageFolderSource> {
+        let entries = std::fs::read_dir(root)
+            .with_context(|| format!("reading image folder {}", root.display()))?;
+        let mut class_dirs: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_dir())
+            .collect();
+        class_dirs.sort();
+        ensure!(
+            !class_dirs.is_empty(),
+            "image folder {} has no class subfolders",
+            root.display()
+        );
+        let (mut files, mut sizes, mut labels, mut classes) = (vec![], vec![], vec![], vec![]);
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        for (label, dir) in class_dirs.iter().enumerate() {
+            classes.push(
+                dir.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+            let mut images: Vec<PathBuf> = std::fs::read_dir(dir)
+                .with_context(|| format!("reading class folder {}", dir.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.extension().is_some_and(|e| {
+                        IMAGE_EXTENSIONS.contains(&e.to_string_lossy().to_lowercase().as_str())
+                    })
+                })
+                .collect();
+            images.sort();
+            for path in images {
+                let version = file_version(&path);
+                std::hash::Hash::hash(&version, &mut hasher);
+                sizes.push(std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0));
+                files.push(path);
+                labels.push(label as i64);
+            }
+        }
+        ensure!(
+            !files.is_empty(),
+            "image folder {} has no .jpg, .jpeg or .png files in its class subfolders",
+            root.display()
+        );
+        let version = format!(
+            "{}:{}:{:016x}",
+            root.display(),
+            files.len(),
+            std::hash::Hasher::finish(&hasher)
+        );
+        Ok(ImageFolderSource {
+            root: root.to_path_buf(),
+            disk_bytes: sizes.iter().sum(),
+            files,
+            sizes,
+            labels,
+            classes,
+            version,
+        })
+    }
+}
+
+impl RawSource for ImageFolderSource {
+    fn len(&self) -> u64 {
+        self.files.len() as u64
+    }
+
+    fn sample_shape(&self) -> Option<&[u32]> {
+        None
+    }
+
+    fn labels(&self) -> Option<&[i64]> {
+        Some(&self.labels)
+    }
+
+    fn read(&self, index: u64) -> Result<Vec<u8>> {
+        let path = self
+            .files
+            .get(index as usize)
+            .with_context(|| format!("sample {index} is out of range"))?;
+        std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+    }
 
     fn disk_bytes(&self) -> u64 {
         self.disk_bytes
     }
 
+    fn disk_bytes_of(&self, index: u64) -> u64 {
+        self.sizes.get(index as usize).copied().unwrap_or(0)
+    }
+
     fn describe(&self) -> String {
-        format!("hdf5:{}#{}", self.path.display(), self.name)
+        format!("images:{}", self.root.display())
+    }
+
+    fn version(&self) -> String {
+        self.version.clone()
     }
 }
 
@@ -178,10 +340,15 @@ mod tests {
         write_hdf5(&path, "x", &[5, 2, 3], &data, Some(("y", &labels))).unwrap();
         let src = Hdf5Source::open(&path, "x", Some("y")).unwrap();
         assert_eq!(src.len(), 5);
-        assert_eq!(src.sample_shape(), &[2, 3]);
+        assert_eq!(src.sample_shape(), Some(&[2, 3][..]));
         assert_eq!(src.labels().unwrap(), &labels[..]);
-        assert_eq!(src.read(1, 2).unwrap(), data[6..18].to_vec());
-        assert!(src.read(4, 2).is_err());
+        assert_eq!(src.read(1).unwrap(), data[6..12].to_vec());
+        assert_eq!(
+            src.read_range(1, 2).unwrap(),
+            vec![data[6..12].to_vec(), data[12..18].to_vec()]
+        );
+        assert!(src.read_range(4, 2).is_err());
+        assert!(src.read(5).is_err());
         assert!(src.disk_bytes() >= 30);
     }
 
@@ -214,5 +381,26 @@ mod tests {
         assert!(err.contains("3 entries"), "{err}");
         let err = format!("{:#}", Hdf5Source::open(&path, "nope", None).err().unwrap());
         assert!(err.contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn image_folders_label_by_class() {
+        let dir = tempfile::tempdir().unwrap();
+        for (class, names) in [("dog", &["b.png", "a.JPG"][..]), ("cat", &["z.jpeg"][..])] {
+            std::fs::create_dir(dir.path().join(class)).unwrap();
+            for n in names {
+                std::fs::write(dir.path().join(class).join(n), n.as_bytes()).unwrap();
+            }
+        }
+        std::fs::write(dir.path().join("dog/notes.txt"), "skip me").unwrap();
+        let src = ImageFolderSource::open(dir.path()).unwrap();
+        assert_eq!(src.classes, vec!["cat", "dog"]);
+        assert_eq!(src.len(), 3);
+        assert_eq!(src.labels().unwrap(), &[0, 1, 1]);
+        assert_eq!(src.read(1).unwrap(), b"a.JPG");
+        assert_eq!(src.disk_bytes_of(2), 5);
+        let empty = tempfile::tempdir().unwrap();
+        let err = format!("{:#}", ImageFolderSource::open(empty.path()).err().unwrap());
+        assert!(err.contains("no class subfolders"), "{err}");
     }
 }

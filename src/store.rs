@@ -1,5 +1,6 @@
-//! Sample lookup through the tiers: memory -> raw source, filling the tiers on the way.
-//! Concurrent requests for one sample share one fetch.
+//! Sample lookup through the tiers: memory -> scratch -> raw source + preprocess, filling the
+//! tiers on the way. Concurrent requests for one sample share one fetch; disk reads and
+//! preprocessing run on a bounded pool of worker threads.
 
 use crate::catalog::Dataset;
 use crate::memory::{Key, MemoryTier};
@@ -7,9 +8,11 @@ use crate::metrics::{Metrics, Tier};
 use anyhow::{anyhow, Context, Result};
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
+use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, Semaphore};
 
 type Fetch = Shared<BoxFuture<'static, Result<Bytes, Arc<anyhow::Error>>>>;
 
@@ -17,16 +20,21 @@ pub struct Store {
     pub memory: Arc<MemoryTier>,
     pub metrics: Arc<Metrics>,
     inflight: Mutex<HashMap<Key, Fetch>>,
+    /// Bounds the blocking work (disk reads, preprocessing) running at once.
+    workers: Arc<Semaphore>,
+    num_workers: usize,
     /// Samples per epoch of all open streams together.
     streaming_samples: AtomicU64,
 }
 
 impl Store {
-    pub fn new(memory: Arc<MemoryTier>, metrics: Arc<Metrics>) -> Arc<Store> {
+    pub fn new(memory: Arc<MemoryTier>, metrics: Arc<Metrics>, workers: usize) -> Arc<Store> {
         Arc::new(Store {
             memory,
             metrics,
             inflight: Mutex::new(HashMap::new()),
+            workers: Arc::new(Semaphore::new(workers.max(1))),
+            num_workers: workers.max(1),
             streaming_samples: AtomicU64::new(0),
         })
     }
@@ -52,7 +60,16 @@ impl Store {
                         self.metrics.record_hit(Tier::Memory, data.len() as u64);
                         return Ok(data);
                     }
-                    let f = self.clone().fetch(ds.clone(), index).boxed().shared();
+                    // The fetch runs as its own task: it finishes (and fills the tiers) even if
+                    // every client waiting on it goes away, and never sits half-done holding a
+                    // worker permit.
+                    let task = tokio::spawn(self.clone().fetch(ds.clone(), index));
+                    let f = async move {
+                        task.await
+                            .unwrap_or_else(|e| Err(Arc::new(anyhow!("fetch task failed: {e}"))))
+                    }
+                    .boxed()
+                    .shared();
                     inflight.insert(key, f.clone());
                     f
                 }
@@ -67,10 +84,13 @@ impl Store {
         index: u64,
     ) -> Result<Bytes, Arc<anyhow::Error>> {
         let key = (ds.id, index);
-        let result = self.fetch_raw(ds, index).await;
-        if let Ok(data) = &result {
-            self.memory.insert(key, data.clone());
-        }
+        let result = self.load(&ds, index).await;
+        let result = result.map(|(data, tier, bytes_read)| {
+            self.metrics.record_hit(tier, bytes_read);
+            self.memory
+                .insert(key, data.clone(), ds.source.disk_bytes_of(index));
+            data
+        });
         self.inflight
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -78,14 +98,76 @@ impl Store {
         result.map_err(Arc::new)
     }
 
-    async fn fetch_raw(&self, ds: Arc<Dataset>, index: u64) -> Result<Bytes> {
-        let name = ds.name.clone();
-        let data = tokio::task::spawn_blocking(move || ds.source.read(index, 1))
-            .await
-            .context("raw read task failed")?
-            .with_context(|| format!("fetching sample {index} of dataset {name:?}"))?;
-        self.metrics.record_hit(Tier::Raw, data.len() as u64);
-        Ok(Bytes::from(data))
+    /// The sample from the scratch tier, or else from raw storage, preprocessed and written to
+    /// the scratch tier; with the tier it came from and the bytes read there.
+    async fn load(&self, ds: &Arc<Dataset>, index: u64) -> Result<(Bytes, Tier, u64)> {
+        let _permit = self.workers.acquire().await.context("worker pool closed")?;
+        let ds = ds.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Some(data) = ds.scratch.as_ref().and_then(|s| s.read(index)) {
+                let n = data.len() as u64;
+                return Ok((data, Tier::Scratch, n));
+            }
+            let raw = ds
+                .source
+                .read(index)
+                .with_context(|| format!("fetching sample {index} of dataset {:?}", ds.name))?;
+            let raw_len = raw.len() as u64;
+            let data = ds.preprocess.apply(raw).with_context(|| {
+                format!("preprocessing sample {index} of dataset {:?}", ds.name)
+            })?;
+            if let Some(scratch) = &ds.scratch {
+                scratch.write(index, &data);
+            }
+            Ok((Bytes::from(data), Tier::Raw, raw_len))
+        })
+        .await
+        .context("worker task failed")?
+    }
+
+    /// Preprocesses every sample of `ds` missing from its scratch tier into it, reporting
+    /// progress; samples already there are skipped, so an interrupted warm resumes where it
+    /// stopped. Stops early if `progress` is dropped (the client went away).
+    pub async fn warm(
+        self: &Arc<Self>,
+        ds: &Arc<Dataset>,
+        progress: mpsc::Sender<WarmProgress>,
+    ) -> Result<WarmProgress> {
+        anyhow::ensure!(
+            ds.scratch.is_some(),
+            "dataset {:?} has no scratch tier (scratch.enabled is false or its directory is unusable; see the daemon's log)",
+            ds.name
+        );
+        const CHUNK: u64 = 256;
+        let total = ds.len();
+        let mut state = WarmProgress {
+            total,
+            ..Default::default()
+        };
+        let mut chunks = futures::stream::iter((0..total).step_by(CHUNK as usize))
+            .map(|start| {
+                let (ds, workers) = (ds.clone(), self.workers.clone());
+                async move {
+                    let _permit = workers.acquire_owned().await?;
+                    let count = CHUNK.min(total - start);
+                    tokio::task::spawn_blocking(move || warm_chunk(&ds, start, count)).await?
+                }
+            })
+            .buffer_unordered(self.num_workers);
+        while let Some(chunk) = chunks.next().await {
+            let (written, present, count) = chunk?;
+            state.written += written;
+            state.present += present;
+            state.done += count;
+            if progress.send(state).await.is_err() {
+                anyhow::bail!(
+                    "warming {:?} cancelled after {} of {total} samples",
+                    ds.name,
+                    state.done
+                );
+            }
+        }
+        Ok(state)
     }
 
     /// Registers a stream that will look up `samples` samples per epoch, so that the memory
@@ -99,6 +181,54 @@ impl Store {
             samples,
         }
     }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WarmProgress {
+    /// Samples looked at so far, of `total`.
+    pub done: u64,
+    pub total: u64,
+    /// Samples preprocessed and written this time.
+    pub written: u64,
+    /// Samples that were already in the scratch tier.
+    pub present: u64,
+}
+
+/// Warms samples `start..start + count`: (written, already present, count).
+fn warm_chunk(ds: &Dataset, start: u64, count: u64) -> Result<(u64, u64, u64)> {
+    let scratch = ds.scratch.as_ref().context("no scratch tier")?;
+    let missing: Vec<u64> = (start..start + count)
+        .filter(|&i| !scratch.contains(i))
+        .collect();
+    if missing.is_empty() {
+        return Ok((0, count, count));
+    }
+    // One range read beats many single reads when most of the range is needed.
+    let raw: Vec<(u64, Vec<u8>)> = if missing.len() as u64 * 2 > count {
+        let all = ds.source.read_range(start, count)?;
+        (start..start + count)
+            .zip(all)
+            .filter(|(i, _)| missing.binary_search(i).is_ok())
+            .collect()
+    } else {
+        missing
+            .iter()
+            .map(|&i| Ok((i, ds.source.read(i)?)))
+            .collect::<Result<_>>()?
+    };
+    for (i, bytes) in raw {
+        let data = ds
+            .preprocess
+            .apply(bytes)
+            .with_context(|| format!("preprocessing sample {i} of dataset {:?}", ds.name))?;
+        anyhow::ensure!(
+            scratch.write(i, &data),
+            "the scratch tier stopped taking samples at sample {i} of {:?} (budget or disk full; see the daemon's log)",
+            ds.name
+        );
+    }
+    let written = missing.len() as u64;
+    Ok((written, count - written, count))
 }
 
 /// Keeps a stream registered while it lives.

@@ -29,7 +29,7 @@ fn larderd_serves_the_cli_over_a_unix_socket_and_stops_on_sigterm() {
     std::fs::write(
         &config,
         format!(
-            "unix_socket = {socket:?}\nscratch_dir = \"scratch\"\n[memory]\nbudget_bytes = 100000\n\
+            "unix_socket = {socket:?}\n[scratch]\ndir = \"scratch\"\n[memory]\nbudget_bytes = 100000\n\
              [[dataset]]\nname = \"train\"\npath = \"train.h5\"\nlabels = \"labels\"\n"
         ),
     )

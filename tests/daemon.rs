@@ -24,14 +24,19 @@ impl Fixture {
     }
 
     async fn start_with(n: u64, memory: &str) -> Fixture {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_env("LARDER_LOG"))
+            .with_test_writer()
+            .try_init();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("train.h5");
         make_dataset(&path, n, &SHAPE).unwrap();
         let config = Config::parse(&format!(
             r#"
             listen = "127.0.0.1:0"
-            scratch_dir = {scratch:?}
             max_batch_size = 1000
+            [scratch]
+            dir = {scratch:?}
             [memory]
             {memory}
             watch_interval_ms = 20
@@ -230,9 +235,20 @@ async fn memory_tier_stays_within_its_budget_and_keeps_its_working_set() {
     }
     assert_eq!(before.samples_served, 3 * n);
     assert_eq!(
-        hits(&before, "memory") + hits(&before, "raw"),
+        hits(&before, "memory") + hits(&before, "scratch") + hits(&before, "raw"),
         3 * n,
         "every lookup is counted in exactly one tier"
+    );
+    assert_eq!(
+        hits(&before, "raw"),
+        n,
+        "raw storage is read once; scratch serves the rest"
+    );
+    let expansion = before.measured_expansion_factor;
+    let expected = (SAMPLE_BYTES as u64 + ENTRY_OVERHEAD) as f64 / SAMPLE_BYTES as f64;
+    assert!(
+        (expansion - expected).abs() < 0.01,
+        "{expansion} vs {expected}"
     );
 }
 
