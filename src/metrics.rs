@@ -150,12 +150,29 @@ pub fn format_stats(s: &crate::proto::Stats) -> String {
     );
     let _ = writeln!(
         out,
+        "expansion factor: {:.2} measured in memory (planned {:.2})",
+        s.measured_expansion_factor, s.planned_expansion_factor
+    );
+    let _ = writeln!(
+        out,
+        "scratch tier: {} of {} bytes; {} corrupt records refetched{}",
+        s.scratch_bytes,
+        s.scratch_budget_bytes,
+        s.scratch_corrupt_records,
+        if s.scratch_paused.is_empty() {
+            String::new()
+        } else {
+            format!("; NOT WRITING: {}", s.scratch_paused)
+        }
+    );
+    let _ = writeln!(
+        out,
         "served: {} batches, {} samples, {} bytes; {} open streams; {} fetches shared between clients",
         s.batches_served, s.samples_served, s.bytes_served, s.active_streams, s.coalesced_fetches
     );
     let _ = write!(
         out,
-        "client stall: {:.3}s waiting for batches in {:.1}s uptime; machine memory available: {} bytes",
+        "client stall: {:.3}s waiting for batches (summed over streams) in {:.1}s uptime; machine memory available: {} bytes",
         s.client_stall_seconds, s.uptime_seconds, s.machine_available_bytes
     );
     out

@@ -11,7 +11,7 @@
 //! record: magic u32 "LRD1" | crc32(index u64 LE ++ payload) u32 | payload [sample_bytes]
 //! ```
 //!
-//! A record of zeros is absent (shards are sparse files). A record with a wrong magic or checksum,
+//! A record of zeros is absent (shard files are allocated whole when created). A record with a wrong magic or checksum,
 //! or cut off by a truncated file, is corrupt: never served, counted, and refetched from raw
 //! storage (which rewrites it). A restarted daemon serves every valid record it finds.
 
@@ -260,7 +260,13 @@ impl ScratchTier {
         let len = file.metadata().ok()?.len();
         if len != size {
             tracing::warn!(path = %path.display(), len, expected = size, "scratch shard has the wrong size; its missing records will be refetched");
-            file.set_len(size).ok()?;
+            file.set_len(size.min(len)).ok()?;
+        }
+        // Allocate every block now: a hole in a mapped file on a full disk (tmpfs above all)
+        // faults when read instead of failing cleanly.
+        if let Err(e) = allocate(&file, size) {
+            self.space.pause_writes(io_failure(e, &path));
+            return None;
         }
         // SAFETY: the daemon owns its scratch folder; a file cut short behind its back is caught
         // by the length check before every read.
@@ -272,6 +278,7 @@ impl ScratchTier {
         })
     }
 
+    /// Creates shard `s` with all its blocks allocated (so a full disk fails here, not later).
     fn create(&self, s: u64) -> Result<Shard> {
         let path = self.shard_path(s);
         let (_, size) = self.shard_extent(s);
@@ -282,10 +289,13 @@ impl ScratchTier {
             .truncate(true)
             .open(&path)
             .with_context(|| format!("creating {}", path.display()))?;
-        file.write_all_at(&self.header(s), 0)
-            .with_context(|| format!("writing {}", path.display()))?;
-        file.set_len(size)
-            .with_context(|| format!("sizing {}", path.display()))?;
+        let result = file
+            .write_all_at(&self.header(s), 0)
+            .and_then(|()| allocate(&file, size));
+        if let Err(e) = result {
+            let _ = std::fs::remove_file(&path);
+            return Err(anyhow::anyhow!(io_failure(e, &path)));
+        }
         // SAFETY: as in open_existing.
         let map =
             unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
@@ -313,7 +323,7 @@ impl ScratchTier {
                 Ok(shard) => *slot = Some(Arc::new(shard)),
                 Err(e) => {
                     self.space.used.fetch_sub(size, Relaxed);
-                    self.space.pause_writes(format!("{e:#}"));
+                    self.space.pause_writes(e.to_string());
                 }
             }
         }
@@ -384,12 +394,8 @@ impl ScratchTier {
         match shard.file.write_all_at(&rec, self.offset(&shard, index)) {
             Ok(()) => true,
             Err(e) => {
-                let why = if e.kind() == std::io::ErrorKind::StorageFull {
-                    format!("the scratch disk is full ({})", self.dir.display())
-                } else {
-                    format!("writing to {}: {e}", self.dir.display())
-                };
-                self.space.pause_writes(why);
+                let (path, _) = self.locate(index);
+                self.space.pause_writes(io_failure(e, &path));
                 false
             }
         }
@@ -417,6 +423,25 @@ impl ScratchTier {
         let first = s * self.records_per_shard;
         let off = HEADER_BYTES + (index - first) * (RECORD_HEADER + self.sample_bytes);
         (self.shard_path(s), off + RECORD_HEADER)
+    }
+}
+
+/// Gives `file` all the blocks of `size` bytes, and that length. (fs4's allocate alone leaves the
+/// length short when the blocks a file already has cover `size`.)
+fn allocate(file: &File, size: u64) -> std::io::Result<()> {
+    fs4::FileExt::allocate(file, size)?;
+    if file.metadata()?.len() < size {
+        file.set_len(size)?;
+    }
+    Ok(())
+}
+
+/// Says what a failed scratch write means, a full disk above all.
+fn io_failure(e: std::io::Error, path: &Path) -> String {
+    if e.kind() == std::io::ErrorKind::StorageFull {
+        format!("the scratch disk is full ({})", path.display())
+    } else {
+        format!("writing {}: {e}", path.display())
     }
 }
 

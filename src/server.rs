@@ -308,6 +308,7 @@ pub struct Daemon {
     /// The TCP address it listens on (with the real port when the config asked for port 0).
     pub tcp_addr: Option<SocketAddr>,
     pub unix_socket: Option<PathBuf>,
+    pub catalog: Arc<Catalog>,
     pub store: Arc<Store>,
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<Result<()>>>,
@@ -342,7 +343,8 @@ impl Daemon {
             Duration::from_millis(config.memory.watch_interval_ms.max(10)),
             metrics,
         ));
-        let service = Service::new(Arc::new(catalog), store.clone(), &config);
+        let catalog = Arc::new(catalog);
+        let service = Service::new(catalog.clone(), store.clone(), &config);
         let (shutdown, _) = watch::channel(false);
         let mut servers = vec![];
         let mut tcp_addr = None;
@@ -380,6 +382,7 @@ impl Daemon {
         Ok(Daemon {
             tcp_addr,
             unix_socket: config.unix_socket.clone(),
+            catalog,
             store,
             shutdown,
             servers,

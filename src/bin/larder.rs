@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use larder::client::connect;
-use larder::proto::{GetStatsRequest, ListDatasetsRequest};
+use larder::proto::{GetStatsRequest, ListDatasetsRequest, WarmRequest};
 
 #[derive(Parser)]
 #[command(version, about = "larder command-line client")]
@@ -26,6 +26,11 @@ enum Command {
     Datasets,
     /// Show per-tier hits, bytes, memory use and client stall time.
     Stats,
+    /// Preprocess a dataset into the daemon's scratch tier now (resumes where an earlier warm stopped).
+    Warm {
+        /// Dataset name, as `larder datasets` lists it.
+        dataset: String,
+    },
     /// Make a small dataset, start a daemon, run training clients, print throughput and hit rates.
     Demo {
         #[arg(long, default_value_t = 4096)]
@@ -78,6 +83,7 @@ async fn main() -> Result<()> {
             let stats = client.get_stats(GetStatsRequest {}).await?.into_inner();
             println!("{}", larder::metrics::format_stats(&stats));
         }
+        Command::Warm { dataset } => warm(&args.addr, &dataset).await?,
         Command::Demo {
             samples,
             clients,
@@ -94,6 +100,39 @@ async fn main() -> Result<()> {
             })
             .await?
         }
+    }
+    Ok(())
+}
+
+async fn warm(addr: &str, dataset: &str) -> Result<()> {
+    let mut client = connect(addr).await?;
+    let mut stream = client
+        .warm(WarmRequest {
+            dataset: dataset.to_string(),
+        })
+        .await?
+        .into_inner();
+    let bar = indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:40}] {pos}/{len} samples ({per_sec}, eta {eta})",
+        )?
+        .progress_chars("=> "),
+    );
+    bar.set_message(format!("warming {dataset}"));
+    let mut last = None;
+    while let Some(p) = stream.message().await? {
+        bar.set_length(p.total);
+        bar.set_position(p.done);
+        last = Some(p);
+    }
+    bar.finish();
+    if let Some(p) = last {
+        println!(
+            "{dataset}: {} samples in the scratch tier ({} preprocessed now, {} already there)",
+            p.written + p.present,
+            p.written,
+            p.present
+        );
     }
     Ok(())
 }

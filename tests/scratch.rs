@@ -1,0 +1,398 @@
+//! The scratch tier end to end: warming with progress, restarts, resuming, corrupt and truncated
+//! records, a full budget, a full disk, and image folders preprocessed on the worker pool.
+
+use larder::client::{collect_batches, connect};
+use larder::config::Config;
+use larder::demo::{expected_label, expected_sample, make_dataset};
+use larder::preprocess::Preprocess;
+use larder::proto::{
+    Batch, GetStatsRequest, Stats, StreamBatchesRequest, WarmProgress, WarmRequest,
+};
+use larder::server::Daemon;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use tonic::Code;
+
+const SAMPLE_BYTES: usize = 32;
+
+/// A config for the HDF5 file `dir/train.h5` with its scratch tier in `scratch`.
+fn config(dir: &Path, scratch: &Path, scratch_extra: &str, memory_budget: u64) -> Config {
+    Config::parse(&format!(
+        r#"
+        listen = "127.0.0.1:0"
+        [scratch]
+        dir = {scratch:?}
+        shard_bytes = 8192
+        {scratch_extra}
+        [memory]
+        budget_bytes = {memory_budget}
+        [[dataset]]
+        name = "train"
+        path = {path:?}
+        labels = "labels"
+        "#,
+        path = dir.join("train.h5"),
+    ))
+    .unwrap()
+}
+
+fn dataset(n: u64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    make_dataset(&dir.path().join("train.h5"), n, &[2, 4, 4]).unwrap();
+    dir
+}
+
+async fn stats(d: &Daemon) -> Stats {
+    let mut c = connect(&d.client_addr()).await.unwrap();
+    c.get_stats(GetStatsRequest {}).await.unwrap().into_inner()
+}
+
+fn hits(s: &Stats, tier: &str) -> u64 {
+    s.tiers.iter().find(|t| t.tier == tier).unwrap().hits
+}
+
+async fn warm(d: &Daemon) -> Result<Vec<WarmProgress>, tonic::Status> {
+    let mut c = connect(&d.client_addr()).await.unwrap();
+    let mut stream = c
+        .warm(WarmRequest {
+            dataset: "train".into(),
+        })
+        .await?
+        .into_inner();
+    let mut all = vec![];
+    while let Some(p) = stream.message().await? {
+        all.push(p);
+    }
+    Ok(all)
+}
+
+async fn full_epoch(d: &Daemon, epoch: u64) -> Vec<Batch> {
+    let mut c = connect(&d.client_addr()).await.unwrap();
+    let req = StreamBatchesRequest {
+        dataset: "train".into(),
+        batch_size: 16,
+        seed: 4,
+        epoch,
+        ..Default::default()
+    };
+    collect_batches(&mut c, req).await.unwrap()
+}
+
+/// Every sample exactly once, with the bytes and label of the HDF5 file.
+fn check_epoch(batches: &[Batch], n: u64) {
+    let mut ids = vec![];
+    for b in batches {
+        for (k, &id) in b.sample_ids.iter().enumerate() {
+            let got = &b.data[k * SAMPLE_BYTES..(k + 1) * SAMPLE_BYTES];
+            assert_eq!(got, &expected_sample(id, SAMPLE_BYTES)[..], "sample {id}");
+            assert_eq!(b.labels[k], expected_label(id));
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, (0..n).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warmed_dataset_survives_a_restart_without_preprocessing_again() {
+    let n = 700;
+    let dir = dataset(n);
+    let scratch = dir.path().join("scratch");
+    let d = Daemon::start(config(dir.path(), &scratch, "", 1 << 20))
+        .await
+        .unwrap();
+    let progress = warm(&d).await.unwrap();
+    let last = progress.last().unwrap();
+    assert_eq!(
+        (last.done, last.total, last.written, last.present),
+        (n, n, n, 0)
+    );
+    assert!(
+        progress.windows(2).all(|w| w[0].done <= w[1].done),
+        "progress only grows"
+    );
+    // Warming again finds everything there.
+    let again = warm(&d).await.unwrap();
+    assert_eq!(again.last().unwrap().present, n);
+    assert_eq!(again.last().unwrap().written, 0);
+    d.shutdown().await.unwrap();
+
+    let d = Daemon::start(config(dir.path(), &scratch, "", 1 << 20))
+        .await
+        .unwrap();
+    check_epoch(&full_epoch(&d, 0).await, n);
+    let s = stats(&d).await;
+    assert_eq!(hits(&s, "raw"), 0, "nothing preprocessed again");
+    assert_eq!(hits(&s, "scratch"), n);
+    assert!(s.scratch_bytes <= s.scratch_budget_bytes);
+    assert!(s.scratch_bytes >= n * (SAMPLE_BYTES as u64 + 8));
+    d.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_warm_resumes_where_it_stopped() {
+    let n = 3000;
+    let dir = dataset(n);
+    let scratch = dir.path().join("scratch");
+    let d = Daemon::start(config(dir.path(), &scratch, "", 0))
+        .await
+        .unwrap();
+    {
+        let mut c = connect(&d.client_addr()).await.unwrap();
+        let mut stream = c
+            .warm(WarmRequest {
+                dataset: "train".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let first = stream.message().await.unwrap().unwrap();
+        assert!(first.done > 0 && first.done < n, "{first:?}");
+        // Dropping the call interrupts the warm.
+    }
+    let last = *warm(&d).await.unwrap().last().unwrap();
+    assert_eq!(last.done, n);
+    assert_eq!(last.written + last.present, n);
+    assert!(
+        last.present >= 256,
+        "the first run's work was kept: {last:?}"
+    );
+    check_epoch(&full_epoch(&d, 0).await, n);
+    let s = stats(&d).await;
+    assert_eq!(hits(&s, "raw"), 0);
+    assert_eq!(hits(&s, "scratch"), n);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_and_truncated_records_are_refetched_never_served() {
+    let n = 500;
+    let dir = dataset(n);
+    let scratch = dir.path().join("scratch");
+    // No memory tier: every lookup goes to scratch.
+    let d = Daemon::start(config(dir.path(), &scratch, "", 0))
+        .await
+        .unwrap();
+    warm(&d).await.unwrap();
+    let tier = d.catalog.get("train").unwrap();
+    let tier = tier.scratch.as_ref().unwrap();
+    let (path, payload) = tier.locate(123);
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.write_all_at(&[0xFF, 0xFF], payload + 5).unwrap();
+
+    check_epoch(&full_epoch(&d, 0).await, n);
+    let s = stats(&d).await;
+    assert_eq!(s.scratch_corrupt_records, 1);
+    assert_eq!(hits(&s, "raw"), 1, "only the corrupt record is refetched");
+    check_epoch(&full_epoch(&d, 1).await, n);
+    let s = stats(&d).await;
+    assert_eq!(
+        (s.scratch_corrupt_records, hits(&s, "raw")),
+        (1, 1),
+        "and it was rewritten"
+    );
+
+    // Truncate the last shard while the daemon is down.
+    let (path, payload) = tier.locate(n - 1);
+    d.shutdown().await.unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(payload + 3)
+        .unwrap();
+    let d = Daemon::start(config(dir.path(), &scratch, "", 0))
+        .await
+        .unwrap();
+    check_epoch(&full_epoch(&d, 0).await, n);
+    let s = stats(&d).await;
+    assert_eq!(
+        hits(&s, "raw"),
+        1,
+        "the cut-off record came from raw storage"
+    );
+    assert_eq!(hits(&s, "scratch"), n - 1);
+    check_epoch(&full_epoch(&d, 1).await, n);
+    assert_eq!(hits(&stats(&d).await, "raw"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_scratch_budget_degrades_to_raw_and_warm_says_so() {
+    let n = 1000;
+    let dir = dataset(n);
+    let scratch = dir.path().join("scratch");
+    // Room for two 8 KiB shards out of five.
+    let d = Daemon::start(config(dir.path(), &scratch, "budget_bytes = 16384", 0))
+        .await
+        .unwrap();
+    let status = warm(&d).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(
+        status.message().contains("stopped taking samples"),
+        "{}",
+        status.message()
+    );
+    check_epoch(&full_epoch(&d, 0).await, n);
+    let s = stats(&d).await;
+    assert!(s.scratch_bytes <= 16384, "{}", s.scratch_bytes);
+    assert!(hits(&s, "scratch") > 0 && hits(&s, "raw") > 0, "{s:?}");
+    assert_eq!(hits(&s, "scratch") + hits(&s, "raw"), n);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_degrades_to_raw_with_a_clear_reason() {
+    let n = 4000;
+    let dir = dataset(n);
+    let scratch = dir.path().join("small-disk");
+    std::fs::create_dir(&scratch).unwrap();
+    // A real 64 KiB file system: the dataset's 160 KiB of records do not fit.
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
+        .arg(&scratch)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("SKIPPED: mounting a small tmpfs needs root");
+        return;
+    }
+    let d = Daemon::start(config(dir.path(), &scratch, "budget_bytes = 1000000000", 0))
+        .await
+        .unwrap();
+    check_epoch(&full_epoch(&d, 0).await, n);
+    let s = stats(&d).await;
+    assert!(
+        s.scratch_paused.contains("scratch disk is full"),
+        "{:?}",
+        s.scratch_paused
+    );
+    assert_eq!(hits(&s, "raw"), n);
+    check_epoch(&full_epoch(&d, 1).await, n);
+    let s = stats(&d).await;
+    assert!(hits(&s, "scratch") > 0, "what fitted is served: {s:?}");
+    assert_eq!(hits(&s, "scratch") + hits(&s, "raw"), 2 * n);
+    d.shutdown().await.unwrap();
+    let _ = std::process::Command::new("umount").arg(&scratch).status();
+}
+
+/// Writes `count` images per class, of varying sizes and both formats.
+fn image_folder(root: &Path, classes: &[&str], count: u32) -> Vec<(std::path::PathBuf, i64)> {
+    let mut files = vec![];
+    for (label, class) in classes.iter().enumerate() {
+        std::fs::create_dir_all(root.join(class)).unwrap();
+        for i in 0..count {
+            let (w, h) = (20 + 3 * i, 18 + 5 * (label as u32));
+            let img = image::RgbImage::from_fn(w, h, |x, y| {
+                image::Rgb([(x * 9) as u8, (y * 13) as u8, (label as u32 * 80 + i) as u8])
+            });
+            let ext = if i % 2 == 0 { "png" } else { "jpg" };
+            let path = root.join(class).join(format!("img{i:03}.{ext}"));
+            img.save(&path).unwrap();
+            files.push((path, label as i64));
+        }
+    }
+    files
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_folders_are_decoded_resized_and_cropped_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("images");
+    let files = image_folder(&root, &["cat", "dog", "emu"], 5);
+    let config = Config::parse(&format!(
+        r#"
+        listen = "127.0.0.1:0"
+        preprocess_workers = 2
+        [scratch]
+        dir = {scratch:?}
+        [[dataset]]
+        name = "pets"
+        kind = "images"
+        path = {root:?}
+        resize = 16
+        crop = 12
+        "#,
+        scratch = dir.path().join("scratch"),
+    ))
+    .unwrap();
+    let d = Daemon::start(config).await.unwrap();
+    let p = Preprocess::Image {
+        resize: 16,
+        crop: 12,
+    };
+    let mut c = connect(&d.client_addr()).await.unwrap();
+    for epoch in 0..2 {
+        let req = StreamBatchesRequest {
+            dataset: "pets".into(),
+            batch_size: 4,
+            seed: 1,
+            epoch,
+            ..Default::default()
+        };
+        let batches = collect_batches(&mut c, req).await.unwrap();
+        let mut seen = vec![];
+        for b in &batches {
+            assert_eq!(&b.shape[1..], &[3, 12, 12]);
+            for (k, &id) in b.sample_ids.iter().enumerate() {
+                let (path, label) = &files[id as usize];
+                let want = p.apply(std::fs::read(path).unwrap()).unwrap();
+                assert_eq!(
+                    &b.data[k * 432..(k + 1) * 432],
+                    &want[..],
+                    "{}",
+                    path.display()
+                );
+                assert_eq!(b.labels[k], *label);
+                seen.push(id);
+            }
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (0..15).collect::<Vec<_>>());
+    }
+    let s = c.get_stats(GetStatsRequest {}).await.unwrap().into_inner();
+    assert_eq!(hits(&s, "raw"), 15, "each image decoded once");
+    assert_eq!(hits(&s, "memory"), 15);
+    let raw_bytes: u64 = files
+        .iter()
+        .map(|(f, _)| std::fs::metadata(f).unwrap().len())
+        .sum();
+    assert_eq!(
+        s.tiers.iter().find(|t| t.tier == "raw").unwrap().bytes,
+        raw_bytes
+    );
+    let expected = (15 * (432 + larder::memory::ENTRY_OVERHEAD)) as f64 / raw_bytes as f64;
+    assert!((s.measured_expansion_factor - expected).abs() < 1e-9);
+
+    // A file that is not an image fails the stream with a message naming the sample.
+    std::fs::write(root.join("dog/img999.jpg"), b"garbage").unwrap();
+    let config = Config::parse(&format!(
+        "listen = \"127.0.0.1:0\"\n[scratch]\nenabled = false\n[[dataset]]\nname = \"pets\"\nkind = \"images\"\npath = {root:?}\nresize = 16\ncrop = 12\n"
+    ))
+    .unwrap();
+    let d2 = Daemon::start(config).await.unwrap();
+    let mut c2 = connect(&d2.client_addr()).await.unwrap();
+    let req = StreamBatchesRequest {
+        dataset: "pets".into(),
+        batch_size: 16,
+        sequential: true,
+        ..Default::default()
+    };
+    let err = collect_batches(&mut c2, req).await.unwrap_err();
+    let status = err.downcast_ref::<tonic::Status>().expect("a gRPC status");
+    assert_eq!(status.code(), Code::Internal);
+    assert!(
+        status.message().contains("preprocessing sample 10"),
+        "{}",
+        status.message()
+    );
+    assert!(
+        status.message().contains("decoding image"),
+        "{}",
+        status.message()
+    );
+    let warm = c2
+        .warm(WarmRequest {
+            dataset: "pets".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(warm.code(), Code::FailedPrecondition);
+}
