@@ -34,11 +34,19 @@ pub struct Service {
     prefetch_batches: usize,
     max_batch_size: u32,
     expansion_factor: f64,
+    /// Becomes true when the daemon shuts down: open streams end with UNAVAILABLE.
+    shutdown: watch::Receiver<bool>,
 }
 
 impl Service {
-    pub fn new(catalog: Arc<Catalog>, store: Arc<Store>, config: &Config) -> Service {
+    pub fn new(
+        catalog: Arc<Catalog>,
+        store: Arc<Store>,
+        config: &Config,
+        shutdown: watch::Receiver<bool>,
+    ) -> Service {
         Service {
+            shutdown,
             catalog,
             store,
             prefetch_batches: config.prefetch_batches,
@@ -173,6 +181,7 @@ impl Larder for Service {
         let (progress_tx, mut progress_rx) = mpsc::channel(16);
         let (tx, rx) = mpsc::channel(16);
         let store = self.store.clone();
+        let mut shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             tracing::info!(dataset = %ds.name, "warming the scratch tier");
             let warm = store.warm(&ds, progress_tx);
@@ -181,6 +190,10 @@ impl Larder for Service {
             let result = loop {
                 tokio::select! {
                     result = &mut warm => break result,
+                    _ = until_stopped(&mut shutdown) => {
+                        let _ = tx.send(Err(shutting_down())).await;
+                        return;
+                    }
                     Some(p) = progress_rx.recv() => {
                         if tx.send(Ok(to_proto(p))).await.is_err() {
                             tracing::info!(dataset = %ds.name, "warm cancelled by the client");
@@ -226,6 +239,7 @@ impl Larder for Service {
         let guard = self.store.open_stream(plan.remaining_samples());
         let store = self.store.clone();
         let prefetch = self.prefetch_batches;
+        let shutdown = self.shutdown.clone();
         let (tx, rx) = mpsc::channel(1);
         tokio::spawn(async move {
             let _guard = guard;
@@ -238,7 +252,18 @@ impl Larder for Service {
                     async move { assemble(&store, &ds, &plan, b).await }
                 })
                 .buffered(prefetch);
-            while let Some(result) = batches.next().await {
+            let mut shutdown = shutdown;
+            loop {
+                let result = tokio::select! {
+                    next = batches.next() => match next {
+                        Some(result) => result,
+                        None => break,
+                    },
+                    _ = until_stopped(&mut shutdown) => {
+                        let _ = tx.send(Err(shutting_down())).await;
+                        return;
+                    }
+                };
                 let failed = result.is_err();
                 let item = result.map_err(|e| {
                     tracing::error!(dataset = %ds.name, "stream failed: {e:#}");
@@ -261,6 +286,10 @@ impl Larder for Service {
         };
         Ok(Response::new(Box::pin(metered)))
     }
+}
+
+fn shutting_down() -> Status {
+    Status::unavailable("larderd is shutting down; reconnect and resume from the next batch")
 }
 
 fn to_proto(p: crate::store::WarmProgress) -> WarmProgress {
@@ -344,8 +373,8 @@ impl Daemon {
             metrics,
         ));
         let catalog = Arc::new(catalog);
-        let service = Service::new(catalog.clone(), store.clone(), &config);
-        let (shutdown, _) = watch::channel(false);
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let service = Service::new(catalog.clone(), store.clone(), &config, shutdown_rx);
         let mut servers = vec![];
         let mut tcp_addr = None;
 
@@ -357,7 +386,8 @@ impl Daemon {
             tcp_addr = Some(addr);
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
             let router = router(&service);
-            let signal = wait_for(shutdown.subscribe());
+            let mut stop = shutdown.subscribe();
+            let signal = async move { until_stopped(&mut stop).await };
             servers.push(tokio::spawn(async move {
                 router
                     .serve_with_incoming_shutdown(incoming, signal)
@@ -370,7 +400,8 @@ impl Daemon {
             let listener = bind_unix(path)?;
             let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
             let router = router(&service);
-            let signal = wait_for(shutdown.subscribe());
+            let mut stop = shutdown.subscribe();
+            let signal = async move { until_stopped(&mut stop).await };
             servers.push(tokio::spawn(async move {
                 router
                     .serve_with_incoming_shutdown(incoming, signal)
@@ -428,7 +459,8 @@ fn router(service: &Service) -> tonic::transport::server::Router {
         .add_service(LarderServer::new(service.clone()).max_encoding_message_size(usize::MAX))
 }
 
-async fn wait_for(mut rx: watch::Receiver<bool>) {
+/// Resolves once the daemon is shutting down.
+async fn until_stopped(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
 

@@ -56,6 +56,20 @@ fn larderd_serves_the_cli_over_a_unix_socket_and_stops_on_sigterm() {
     assert!(datasets.contains("train.h5#images"), "{datasets}");
     let stats = larder(&addr, &["stats"]);
     assert!(stats.contains("memory tier: 0 of 100000 bytes"), "{stats}");
+    let warm = larder(&addr, &["warm", "train"]);
+    assert!(
+        warm.contains(
+            "train: 64 samples in the scratch tier (64 preprocessed now, 0 already there)"
+        ),
+        "{warm}"
+    );
+    let warm = larder(&addr, &["warm", "train"]);
+    assert!(
+        warm.contains("(0 preprocessed now, 64 already there)"),
+        "{warm}"
+    );
+    let stats = larder(&addr, &["stats"]);
+    assert!(stats.contains("scratch tier: "), "{stats}");
 
     let pid = daemon.id().to_string();
     assert!(Command::new("kill")

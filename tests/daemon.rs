@@ -374,3 +374,30 @@ async fn a_client_that_leaves_mid_epoch_does_not_hurt_the_others() {
     }
     panic!("the abandoned stream was never closed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutting_down_ends_open_streams_with_unavailable() {
+    let f = Fixture::start(5000, 1 << 30).await;
+    let mut c = f.client().await;
+    let mut stream = c.stream_batches(req(10, 0, 0)).await.unwrap().into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(first.batch_index, 0);
+    let Fixture { daemon, _dir } = f;
+    let stopping = tokio::spawn(daemon.shutdown());
+    let status = loop {
+        match stream.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended as if the epoch were complete"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("resume"), "{}", status.message());
+    drop(stream);
+    drop(c);
+    tokio::time::timeout(Duration::from_secs(10), stopping)
+        .await
+        .expect("the daemon stops promptly")
+        .unwrap()
+        .unwrap();
+}
