@@ -1,0 +1,135 @@
+"""torch integration: an IterableDataset for DataLoader workers and DDP ranks, and the uint8 to
+float conversion that belongs on the GPU."""
+
+from __future__ import annotations
+
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import IterableDataset, get_worker_info
+
+from larder.client import Client
+
+
+def to_float(
+    images: torch.Tensor,
+    device=None,
+    mean: Optional[Sequence[float]] = None,
+    std: Optional[Sequence[float]] = None,
+) -> torch.Tensor:
+    """uint8 [B, C, H, W] -> float32 in [0, 1] on `device` (normalized per channel if mean and
+    std are given). The transfer moves uint8, a quarter of the bytes of float32."""
+    x = images.to(device, non_blocking=True).float().div_(255.0)
+    if mean is not None and std is not None:
+        m = torch.tensor(mean, device=x.device, dtype=x.dtype).view(1, -1, 1, 1)
+        s = torch.tensor(std, device=x.device, dtype=x.dtype).view(1, -1, 1, 1)
+        x = x.sub_(m).div_(s)
+    return x
+
+
+def shard_batches(num_samples: int, batch_size: int, rank: int, world_size: int, drop_last: bool) -> int:
+    """Batches in shard `rank` of `world_size` (the daemon's sharding: every world_size-th sample)."""
+    n = max(0, (num_samples - rank + world_size - 1) // world_size)
+    return n // batch_size if drop_last else (n + batch_size - 1) // batch_size
+
+
+def resume_points(start_step: int, batches_per_worker: List[int]) -> Tuple[List[int], int]:
+    """Where each DataLoader worker's shard stood when the loader had yielded `start_step`
+    batches, and whose turn was next: the loader takes batches from its workers in turn,
+    skipping workers that have run out."""
+    k = len(batches_per_worker)
+    done = [0] * k
+    w = 0
+    for _ in range(start_step):
+        for _ in range(k):
+            if done[w] < batches_per_worker[w]:
+                break
+            w = (w + 1) % k
+        else:
+            break  # every worker has run out: start_step is past the end of the epoch
+        done[w] += 1
+        w = (w + 1) % k
+    return done, w
+
+
+class LarderIterableDataset(IterableDataset):
+    """Batches of `dataset` from larderd as (uint8 images, int64 labels) tensors.
+
+    Use with `DataLoader(ds, batch_size=None, num_workers=K)`: the daemon batches. Each DDP rank
+    (taken from torch.distributed when it is initialized, or given as rank/world_size) and each
+    DataLoader worker streams its own shard, so every sample comes exactly once per epoch
+    across all of them. Call `set_epoch` before each epoch. `start_step` resumes the epoch
+    after the loader (on this rank) has yielded that many batches.
+    """
+
+    def __init__(
+        self,
+        dataset: str,
+        batch_size: int,
+        *,
+        address: Optional[str] = None,
+        seed: int = 0,
+        epoch: int = 0,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        start_step: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        reconnect_timeout: float = 60.0,
+    ):
+        super().__init__()
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.address = address
+        self.seed = seed
+        self.epoch = epoch
+        self.rank = rank
+        self.world_size = world_size
+        self.start_step = start_step
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.reconnect_timeout = reconnect_timeout
+
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        self.epoch = epoch
+        self.start_step = start_step
+
+    def _ddp(self) -> Tuple[int, int]:
+        if self.rank is not None or self.world_size is not None:
+            return self.rank or 0, self.world_size or 1
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+
+    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        rank, world = self._ddp()
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        # Worker k of K on rank r of W streams shard r*K + k of W*K.
+        shard_world = world * workers
+        with Client(self.address, self.reconnect_timeout) as client:
+            shard, start = worker, 0
+            if self.start_step:
+                n = client.dataset(self.dataset).num_samples
+                per_worker = [
+                    shard_batches(n, self.batch_size, rank * workers + k, shard_world, self.drop_last)
+                    for k in range(workers)
+                ]
+                done, turn = resume_points(self.start_step, per_worker)
+                # The resumed loader asks worker 0 first: let it serve the shard whose turn it
+                # is, so the epoch goes on in the same order as if it had not stopped.
+                shard = (worker + turn) % workers
+                start = done[shard]
+            for batch in client.stream(
+                self.dataset,
+                self.batch_size,
+                seed=self.seed,
+                epoch=self.epoch,
+                rank=rank * workers + shard,
+                world_size=shard_world,
+                start_batch=start,
+                shuffle=self.shuffle,
+                drop_last=self.drop_last,
+            ):
+                yield batch.torch()

@@ -1,0 +1,99 @@
+"""Fixtures: real HDF5 files and a real larderd process (built by the README's test command)."""
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SHAPE = (2, 4, 4)
+
+
+def sample(i: int, length: int) -> np.ndarray:
+    """The synthetic sample the Rust side's `larder::demo` also writes and checks."""
+    return ((i * 131 + np.arange(length) * 7) % 251).astype(np.uint8)
+
+
+def make_h5(path: pathlib.Path, n: int, shape=SHAPE) -> None:
+    length = int(np.prod(shape))
+    data = np.stack([sample(i, length) for i in range(n)]).reshape((n,) + tuple(shape))
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", data=data)
+        f.create_dataset("labels", data=np.arange(n, dtype=np.int64) % 10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def larderd_binary() -> pathlib.Path:
+    path = pathlib.Path(os.environ.get("LARDERD_BIN", REPO / "target" / "debug" / "larderd"))
+    if not path.exists():
+        pytest.fail(f"{path} not found: run `cargo build --bin larderd` (./scripts/test does)")
+    return path
+
+
+class Daemon:
+    """larderd on a Unix socket and a TCP port, from a config written to tmp_path."""
+
+    def __init__(self, tmp_path: pathlib.Path, datasets: str):
+        self.socket = tmp_path / "larder.sock"
+        self.port = free_port()
+        self.config = tmp_path / "larder.toml"
+        self.config.write_text(
+            f'listen = "127.0.0.1:{self.port}"\n'
+            f'unix_socket = "{self.socket}"\n'
+            "[scratch]\n"
+            f'dir = "{tmp_path / "scratch"}"\n'
+            "[memory]\n"
+            "budget_bytes = 10000000\n" + datasets
+        )
+        self.log = open(tmp_path / "larderd.log", "ab")
+        self.proc = None
+        self.start()
+
+    @property
+    def unix(self) -> str:
+        return f"unix:{self.socket}"
+
+    @property
+    def tcp(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [str(larderd_binary()), "--config", str(self.config)], stderr=self.log
+        )
+        deadline = time.monotonic() + 20
+        while not self.socket.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"larderd did not start; see {self.log.name}")
+            time.sleep(0.02)
+
+    def stop(self, sig=signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=20)
+        if sig == signal.SIGKILL and self.socket.exists():
+            self.socket.unlink()  # as a crashed daemon leaves it; a new one would replace it
+
+
+@pytest.fixture
+def h5_dataset(tmp_path):
+    make_h5(tmp_path / "train.h5", 300)
+    return f'[[dataset]]\nname = "train"\npath = "{tmp_path / "train.h5"}"\nlabels = "labels"\n'
+
+
+@pytest.fixture
+def daemon(tmp_path, h5_dataset):
+    d = Daemon(tmp_path, h5_dataset)
+    yield d
+    d.stop()

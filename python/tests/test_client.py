@@ -1,0 +1,106 @@
+"""The numpy/torch client against a real larderd over gRPC."""
+
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import larder
+import larder.torch
+from conftest import SHAPE, sample
+
+LENGTH = int(np.prod(SHAPE))
+
+
+def check_batches(batches, n=300):
+    ids = []
+    for b in batches:
+        assert b.images.dtype == np.uint8
+        assert b.images.shape == (len(b),) + SHAPE
+        for k, i in enumerate(b.sample_ids):
+            np.testing.assert_array_equal(b.images[k].reshape(-1), sample(int(i), LENGTH))
+            assert b.labels[k] == i % 10
+        ids.extend(int(i) for i in b.sample_ids)
+    assert sorted(ids) == list(range(n)), "every sample exactly once"
+    return ids
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_lists_datasets_and_streams_an_epoch(daemon, transport):
+    with larder.Client(getattr(daemon, transport)) as c:
+        (info,) = c.datasets()
+        assert (info.name, info.num_samples, list(info.sample_shape)) == ("train", 300, list(SHAPE))
+        batches = list(c.stream("train", 32, seed=7, epoch=1))
+        assert [b.index for b in batches] == list(range(10))
+        order = check_batches(batches)
+        assert order != list(range(300)), "shuffled"
+        assert order == [int(i) for b in c.stream("train", 32, seed=7, epoch=1) for i in b.sample_ids]
+        stats = c.stats()
+        assert stats.samples_served == 600
+        assert {t.tier for t in stats.tiers} == {"memory", "scratch", "raw"}
+
+
+def test_batches_are_views_not_copies(daemon):
+    with larder.Client(daemon.unix) as c:
+        b = next(c.stream("train", 16))
+        assert not b.images.flags.owndata and not b.images.flags.writeable
+        images, labels = b.torch()
+        assert images.dtype == torch.uint8 and labels.dtype == torch.int64
+        assert images.data_ptr() == b.images.ctypes.data, "torch shares the numpy memory"
+        assert images.shape == (16,) + SHAPE
+        x = larder.torch.to_float(images, "cpu", mean=[0.5, 0.5], std=[0.25, 0.25])
+        assert x.dtype == torch.float32
+        expected = (images.float() / 255 - 0.5) / 0.25
+        assert torch.allclose(x, expected)
+
+
+def test_ranks_and_resume(daemon):
+    with larder.Client(daemon.unix) as c:
+        shards = [list(c.stream("train", 10, seed=3, rank=r, world_size=3)) for r in range(3)]
+        ids = [int(i) for s in shards for b in s for i in b.sample_ids]
+        assert sorted(ids) == list(range(300))
+        full = list(c.stream("train", 10, seed=3))
+        rest = list(c.stream("train", 10, seed=3, start_batch=4))
+        assert [b.index for b in rest] == list(range(4, 30))
+        for a, b in zip(full[4:], rest):
+            np.testing.assert_array_equal(a.sample_ids, b.sample_ids)
+            np.testing.assert_array_equal(a.images, b.images)
+
+
+def test_bad_requests_raise_clear_errors(daemon):
+    with larder.Client(daemon.unix) as c:
+        with pytest.raises(larder.LarderError, match='unknown dataset "nope"; this daemon serves: train'):
+            list(c.stream("nope", 10))
+        with pytest.raises(larder.LarderError, match="rank 5 is out of range") as e:
+            list(c.stream("train", 10, rank=5, world_size=2))
+        assert e.value.code.name == "INVALID_ARGUMENT"
+        assert len(list(c.stream("train", 100))) == 3, "and the daemon keeps serving"
+    with larder.Client("unix:/nonexistent.sock", reconnect_timeout=0.3) as c:
+        with pytest.raises(larder.LarderError, match="unreachable"):
+            list(c.stream("train", 10))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_streams_resume_after_a_daemon_restart(daemon, sig):
+    with larder.Client(daemon.unix, reconnect_timeout=30) as c:
+        stream = c.stream("train", 10, seed=11, epoch=2)
+        got = [next(stream) for _ in range(3)]
+        daemon.stop(sig)
+        restarted = threading.Timer(0.5, daemon.start)
+        restarted.start()
+        got.extend(stream)
+        restarted.join()
+    assert [b.index for b in got] == list(range(30))
+    check_batches(got)
+
+
+def test_warm_reports_progress(daemon):
+    with larder.Client(daemon.tcp) as c:
+        progress = list(c.warm("train"))
+        assert progress[-1].done == progress[-1].total == 300
+        assert progress[-1].written + progress[-1].present == 300
+        with pytest.raises(larder.LarderError, match="unknown dataset"):
+            list(c.warm("nope"))

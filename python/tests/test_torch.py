@@ -1,0 +1,94 @@
+"""The torch IterableDataset: DataLoader workers x DDP ranks, exactly once, resume, training."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from conftest import REPO, Daemon, make_h5
+from larder.torch import LarderIterableDataset, resume_points, shard_batches
+
+
+def ids_of(loader):
+    """Sample ids in the order the loader yields them, read back from the pixel data."""
+    out = []
+    for images, labels in loader:
+        assert images.dtype == torch.uint8 and images.shape[1:] == (2, 4, 4)
+        # Pixel 0 of sample i is (i * 131) % 251, and its label i % 10: enough to recover i < 300.
+        for img, label in zip(images, labels):
+            first = int(img.reshape(-1)[0])
+            candidates = [i for i in range(300) if (i * 131) % 251 == first and i % 10 == label]
+            assert len(candidates) == 1
+            out.append(candidates[0])
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_workers_and_ranks_cover_the_epoch_exactly_once(daemon, workers):
+    seen = []
+    for rank in range(2):
+        ds = LarderIterableDataset("train", 8, address=daemon.unix, seed=5, rank=rank, world_size=2)
+        ds.set_epoch(3)
+        seen += ids_of(DataLoader(ds, batch_size=None, num_workers=workers))
+    assert sorted(seen) == list(range(300))
+
+
+def test_resuming_mid_epoch_with_workers(daemon):
+    ds = LarderIterableDataset("train", 7, address=daemon.unix, seed=1)
+    full = ids_of(DataLoader(ds, batch_size=None, num_workers=2))
+    assert sorted(full) == list(range(300))
+    # Stop after 21 batches, as a checkpoint would; resume from step 21 (worker 1's turn).
+    first = []
+    for step, (images, labels) in enumerate(DataLoader(ds, batch_size=None, num_workers=2)):
+        if step == 21:
+            break
+        first.append((images, labels))
+    resumed = LarderIterableDataset("train", 7, address=daemon.unix, seed=1, start_step=21)
+    rest = ids_of(DataLoader(resumed, batch_size=None, num_workers=2))
+    together = ids_of(first) + rest
+    assert sorted(together) == list(range(300)), "nothing lost, nothing twice"
+    assert together == full, "and in the same order as the uninterrupted epoch"
+
+
+def test_resume_points_follow_the_loaders_round_robin():
+    assert resume_points(5, [3, 3]) == ([3, 2], 1)
+    assert resume_points(5, [2, 4]) == ([2, 3], 0), "a worker that ran out is skipped"
+    assert resume_points(99, [1, 1]) == ([1, 1], 0)
+    assert shard_batches(300, 7, 0, 3, False) == 15 and shard_batches(301, 7, 1, 3, False) == 15
+    assert shard_batches(10, 4, 0, 1, True) == 2
+
+
+def test_example_training_script_learns(tmp_path):
+    # A learnable dataset: the class decides which quadrant of the image is bright.
+    rng = np.random.default_rng(0)
+    n = 512
+    labels = rng.integers(0, 4, n)
+    images = rng.integers(0, 60, (n, 3, 16, 16), dtype=np.uint8)
+    for i, c in enumerate(labels):
+        y, x = divmod(int(c), 2)
+        images[i, :, y * 8 : y * 8 + 8, x * 8 : x * 8 + 8] += 150
+    import h5py
+
+    with h5py.File(tmp_path / "quad.h5", "w") as f:
+        f.create_dataset("images", data=images)
+        f.create_dataset("labels", data=labels.astype(np.int64))
+    d = Daemon(tmp_path, f'[[dataset]]\nname = "quad"\npath = "{tmp_path / "quad.h5"}"\nlabels = "labels"\n')
+    try:
+        out = subprocess.run(
+            [sys.executable, str(REPO / "python" / "examples" / "train.py"), "--address", d.unix,
+             "--dataset", "quad", "--epochs", "3", "--batch-size", "32", "--workers", "2", "--classes", "4"],
+            capture_output=True, text=True, timeout=300,
+        )
+    finally:
+        d.stop()
+    assert out.returncode == 0, out.stderr
+    last = [l for l in out.stdout.splitlines() if l.startswith("epoch 2")]
+    assert last, out.stdout
+    accuracy = float(last[0].split("accuracy ")[1].split()[0])
+    assert accuracy > 0.9, out.stdout
+    assert "larderd memory hit rate" in out.stdout
