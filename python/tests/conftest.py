@@ -35,7 +35,8 @@ def free_port() -> int:
 
 
 def larderd_binary() -> pathlib.Path:
-    path = pathlib.Path(os.environ.get("LARDERD_BIN", REPO / "target" / "debug" / "larderd"))
+    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    path = pathlib.Path(os.environ.get("LARDERD_BIN", target / "debug" / "larderd"))
     if not path.exists():
         pytest.fail(f"{path} not found: run `cargo build --bin larderd` (./scripts/test does)")
     return path
