@@ -5,7 +5,7 @@ use crate::client::{collect_batches, connect};
 use crate::config::Config;
 use crate::memory::ENTRY_OVERHEAD;
 use crate::metrics::format_stats;
-use crate::proto::{GetStatsRequest, StreamBatchesRequest};
+use crate::proto::{GetStatsRequest, ListDatasetsRequest, StreamBatchesRequest};
 use crate::server::Daemon;
 use anyhow::{ensure, Context, Result};
 use std::path::Path;
@@ -93,16 +93,39 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
         opts.clients, opts.epochs, opts.batch_size
     );
 
-    let mut stats_client = connect(&addr).await?;
+    run_epochs(&addr, "demo", opts.clients, opts.epochs, opts.batch_size).await?;
+    daemon.shutdown().await
+}
+
+/// Runs `epochs` epochs of `dataset` with `clients` concurrent training clients (each its own
+/// seed, each the whole epoch) against the daemon at `addr`, checking that every client gets
+/// every sample exactly once; prints throughput and memory hit rate per epoch, then the stats.
+pub async fn run_epochs(
+    addr: &str,
+    dataset: &str,
+    clients: u32,
+    epochs: u64,
+    batch_size: u32,
+) -> Result<()> {
+    let mut stats_client = connect(addr).await?;
+    let n = stats_client
+        .list_datasets(ListDatasetsRequest {})
+        .await?
+        .into_inner()
+        .datasets
+        .into_iter()
+        .find(|d| d.name == dataset)
+        .with_context(|| format!("the daemon does not serve a dataset {dataset:?}"))?
+        .num_samples;
     let (mut prev_mem, mut prev_all) = (0u64, 0u64);
-    for epoch in 0..opts.epochs {
+    for epoch in 0..epochs {
         let started = Instant::now();
         let mut jobs = vec![];
-        for c in 0..opts.clients {
-            let addr = addr.clone();
+        for c in 0..clients {
+            let addr = addr.to_string();
             let req = StreamBatchesRequest {
-                dataset: "demo".into(),
-                batch_size: opts.batch_size,
+                dataset: dataset.into(),
+                batch_size,
                 seed: 1000 + c as u64,
                 epoch,
                 world_size: 1,
@@ -120,7 +143,7 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
             bytes += batches.iter().map(|b| b.data.len()).sum::<usize>();
             seen.sort_unstable();
             ensure!(
-                seen.iter().copied().eq(0..opts.samples),
+                seen.iter().copied().eq(0..n),
                 "a client did not get every sample exactly once"
             );
         }
@@ -137,10 +160,10 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
         let all: u64 = stats.tiers.iter().map(|t| t.hits).sum();
         let hit_rate = (mem - prev_mem) as f64 / (all - prev_all).max(1) as f64;
         (prev_mem, prev_all) = (mem, all);
+        let samples = n * clients as u64;
         println!(
-            "epoch {epoch}: {} samples in {secs:.2}s = {:.0} samples/s, {:.1} MB/s; memory hit rate {:.1}%; every sample exactly once per client: ok",
-            opts.samples * opts.clients as u64,
-            (opts.samples * opts.clients as u64) as f64 / secs,
+            "epoch {epoch}: {samples} samples in {secs:.2}s = {:.0} samples/s, {:.1} MB/s; memory hit rate {:.1}%; every sample exactly once per client: ok",
+            samples as f64 / secs,
             bytes as f64 / secs / 1e6,
             hit_rate * 100.0
         );
@@ -150,5 +173,5 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
         .await?
         .into_inner();
     println!("\n{}", format_stats(&stats));
-    daemon.shutdown().await
+    Ok(())
 }

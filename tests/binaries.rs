@@ -70,6 +70,18 @@ fn larderd_serves_the_cli_over_a_unix_socket_and_stops_on_sigterm() {
     );
     let stats = larder(&addr, &["stats"]);
     assert!(stats.contains("scratch tier: "), "{stats}");
+    let bench = larder(
+        &addr,
+        &["bench", "train", "--epochs", "2", "--batch-size", "16"],
+    );
+    assert_eq!(
+        bench
+            .matches("every sample exactly once per client: ok")
+            .count(),
+        2,
+        "{bench}"
+    );
+    assert!(bench.contains("epoch 1: 128 samples"), "{bench}");
 
     let pid = daemon.id().to_string();
     assert!(Command::new("kill")

@@ -31,6 +31,17 @@ enum Command {
         /// Dataset name, as `larder datasets` lists it.
         dataset: String,
     },
+    /// Measure the running daemon: stream whole epochs with concurrent clients, print throughput,
+    /// hit rates and stall time (checks every client gets every sample exactly once).
+    Bench {
+        dataset: String,
+        #[arg(long, default_value_t = 2)]
+        clients: u32,
+        #[arg(long, default_value_t = 3)]
+        epochs: u64,
+        #[arg(long, default_value_t = 256)]
+        batch_size: u32,
+    },
     /// Make a small dataset, start a daemon, run training clients, print throughput and hit rates.
     Demo {
         #[arg(long, default_value_t = 4096)]
@@ -85,6 +96,12 @@ async fn main() -> Result<()> {
             println!("{}", larder::metrics::format_stats(&stats));
         }
         Command::Warm { dataset } => warm(&args.addr, &dataset).await?,
+        Command::Bench {
+            dataset,
+            clients,
+            epochs,
+            batch_size,
+        } => larder::demo::run_epochs(&args.addr, &dataset, clients, epochs, batch_size).await?,
         Command::Demo {
             samples,
             clients,
