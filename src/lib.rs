@@ -20,3 +20,14 @@ pub mod store;
 pub mod proto {
     tonic::include_proto!("larder.v1");
 }
+
+/// Logs to stderr (the journal, under systemd) at `$LARDER_LOG`, else at `default_level`.
+pub fn init_logging(default_level: &str) {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LARDER_LOG")
+                .unwrap_or_else(|_| default_level.into()),
+        )
+        .init();
+}

@@ -385,29 +385,13 @@ impl Daemon {
             let addr = listener.local_addr()?;
             tcp_addr = Some(addr);
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            let router = router(&service);
-            let mut stop = shutdown.subscribe();
-            let signal = async move { until_stopped(&mut stop).await };
-            servers.push(tokio::spawn(async move {
-                router
-                    .serve_with_incoming_shutdown(incoming, signal)
-                    .await
-                    .context("TCP server failed")
-            }));
+            servers.push(spawn_server(&service, incoming, &shutdown, "TCP"));
             tracing::info!(%addr, "listening on TCP");
         }
         if let Some(path) = &config.unix_socket {
             let listener = bind_unix(path)?;
             let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-            let router = router(&service);
-            let mut stop = shutdown.subscribe();
-            let signal = async move { until_stopped(&mut stop).await };
-            servers.push(tokio::spawn(async move {
-                router
-                    .serve_with_incoming_shutdown(incoming, signal)
-                    .await
-                    .context("Unix socket server failed")
-            }));
+            servers.push(spawn_server(&service, incoming, &shutdown, "Unix socket"));
             tracing::info!(path = %path.display(), "listening on Unix socket");
         }
         Ok(Daemon {
@@ -454,9 +438,33 @@ impl Daemon {
     }
 }
 
-fn router(service: &Service) -> tonic::transport::server::Router {
-    tonic::transport::Server::builder()
-        .add_service(LarderServer::new(service.clone()).max_encoding_message_size(usize::MAX))
+/// Serves `service` on the connections `incoming` yields until the daemon shuts down.
+fn spawn_server<I, IO, IE>(
+    service: &Service,
+    incoming: I,
+    shutdown: &watch::Sender<bool>,
+    transport: &'static str,
+) -> JoinHandle<Result<()>>
+where
+    I: Stream<Item = Result<IO, IE>> + Send + 'static,
+    IO: tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + tonic::transport::server::Connected
+        + Unpin
+        + Send
+        + 'static,
+    IO::ConnectInfo: Clone + Send + Sync + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+{
+    let router = tonic::transport::Server::builder()
+        .add_service(LarderServer::new(service.clone()).max_encoding_message_size(usize::MAX));
+    let mut stop = shutdown.subscribe();
+    tokio::spawn(async move {
+        router
+            .serve_with_incoming_shutdown(incoming, async move { until_stopped(&mut stop).await })
+            .await
+            .with_context(|| format!("{transport} server failed"))
+    })
 }
 
 /// Resolves once the daemon is shutting down.

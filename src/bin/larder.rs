@@ -60,13 +60,7 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LARDER_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .init();
+    larder::init_logging("warn");
     let args = Args::parse();
     match args.command {
         Command::Datasets => {

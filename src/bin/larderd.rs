@@ -22,13 +22,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LARDER_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    larder::init_logging("info");
     let args = Args::parse();
     let config = larder::config::Config::load(&args.config)?;
     let daemon = larder::server::Daemon::start(config)
