@@ -117,7 +117,13 @@ pub async fn run_epochs(
         .find(|d| d.name == dataset)
         .with_context(|| format!("the daemon does not serve a dataset {dataset:?}"))?
         .num_samples;
-    let (mut prev_mem, mut prev_all) = (0u64, 0u64);
+    // Hit rates per epoch are differences of the daemon's counters, which earlier clients moved.
+    let (mut prev_mem, mut prev_all) = tier_hits(
+        &stats_client
+            .get_stats(GetStatsRequest {})
+            .await?
+            .into_inner(),
+    );
     for epoch in 0..epochs {
         let started = Instant::now();
         let mut jobs = vec![];
@@ -148,16 +154,12 @@ pub async fn run_epochs(
             );
         }
         let secs = started.elapsed().as_secs_f64();
-        let stats = stats_client
-            .get_stats(GetStatsRequest {})
-            .await?
-            .into_inner();
-        let mem = stats
-            .tiers
-            .iter()
-            .find(|t| t.tier == "memory")
-            .map_or(0, |t| t.hits);
-        let all: u64 = stats.tiers.iter().map(|t| t.hits).sum();
+        let (mem, all) = tier_hits(
+            &stats_client
+                .get_stats(GetStatsRequest {})
+                .await?
+                .into_inner(),
+        );
         let hit_rate = (mem - prev_mem) as f64 / (all - prev_all).max(1) as f64;
         (prev_mem, prev_all) = (mem, all);
         let samples = n * clients as u64;
@@ -174,4 +176,17 @@ pub async fn run_epochs(
         .into_inner();
     println!("\n{}", format_stats(&stats));
     Ok(())
+}
+
+/// (memory-tier hits, all lookups) so far.
+fn tier_hits(stats: &crate::proto::Stats) -> (u64, u64) {
+    let hits = |tier: &str| {
+        stats
+            .tiers
+            .iter()
+            .filter(|t| t.tier == tier)
+            .map(|t| t.hits)
+            .sum()
+    };
+    (hits("memory"), stats.tiers.iter().map(|t| t.hits).sum())
 }
