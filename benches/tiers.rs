@@ -1,0 +1,110 @@
+//! Per-sample cost of each tier and of the work around it:
+//! `cargo bench --bench tiers` (end-to-end throughput: `larder bench DATASET`).
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use larder::memory::MemoryTier;
+use larder::preprocess::Preprocess;
+use larder::sampler::epoch_order;
+use larder::scratch::{ScratchSpace, ScratchTier};
+use larder::source::{Hdf5Source, RawSource};
+use std::hint::black_box;
+
+const SAMPLE: usize = 3 * 64 * 64;
+
+fn memory(c: &mut Criterion) {
+    let tier = MemoryTier::new(1 << 30);
+    for i in 0..10_000 {
+        tier.insert((0, i), Bytes::from(vec![1u8; SAMPLE]), SAMPLE as u64);
+    }
+    let mut g = c.benchmark_group("memory");
+    g.throughput(Throughput::Bytes(SAMPLE as u64));
+    let mut i = 0;
+    g.bench_function("get hit 12 KiB", |b| {
+        b.iter(|| {
+            i = (i + 7919) % 10_000;
+            black_box(tier.get(&(0, i)))
+        })
+    });
+    g.finish();
+}
+
+fn scratch(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let space = ScratchSpace::open(dir.path(), Some(1 << 30)).unwrap();
+    let tier = ScratchTier::open(&space, "bench", 1, SAMPLE as u64, 10_000, 64 << 20).unwrap();
+    let data = vec![3u8; SAMPLE];
+    for i in 0..10_000 {
+        tier.write(i, &data);
+    }
+    let mut g = c.benchmark_group("scratch");
+    g.throughput(Throughput::Bytes(SAMPLE as u64));
+    let mut i = 0;
+    g.bench_function("read 12 KiB (page cache, checksum checked)", |b| {
+        b.iter(|| {
+            i = (i + 7919) % 10_000;
+            black_box(tier.read(i))
+        })
+    });
+    g.bench_function("write 12 KiB", |b| {
+        b.iter(|| {
+            i = (i + 7919) % 10_000;
+            black_box(tier.write(i, &data))
+        })
+    });
+    g.finish();
+}
+
+fn raw(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("b.h5");
+    larder::demo::make_dataset(&path, 2000, &[3, 64, 64]).unwrap();
+    let src = Hdf5Source::open(&path, "images", Some("labels")).unwrap();
+    let mut g = c.benchmark_group("raw");
+    g.throughput(Throughput::Bytes(SAMPLE as u64));
+    let mut i = 0;
+    g.bench_function("hdf5 read one 12 KiB sample", |b| {
+        b.iter(|| {
+            i = (i + 797) % 2000;
+            black_box(src.read(i).unwrap())
+        })
+    });
+    g.throughput(Throughput::Bytes(256 * SAMPLE as u64));
+    g.bench_function("hdf5 read 256 samples at once", |b| {
+        b.iter(|| black_box(src.read_range(1024, 256).unwrap()))
+    });
+    g.finish();
+}
+
+fn preprocess(c: &mut Criterion) {
+    let img = image::RgbImage::from_fn(320, 240, |x, y| image::Rgb([x as u8, y as u8, 7]));
+    let mut jpeg = std::io::Cursor::new(vec![]);
+    img.write_to(&mut jpeg, image::ImageFormat::Jpeg).unwrap();
+    let jpeg = jpeg.into_inner();
+    let p = Preprocess::Image {
+        resize: 256,
+        crop: 224,
+    };
+    let mut g = c.benchmark_group("preprocess");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("jpeg 320x240 -> decode, resize 256, crop 224", |b| {
+        b.iter_batched(
+            || jpeg.clone(),
+            |j| black_box(p.apply(j).unwrap()),
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+}
+
+fn sampler(c: &mut Criterion) {
+    let mut g = c.benchmark_group("sampler");
+    g.throughput(Throughput::Elements(1_000_000));
+    g.bench_function("epoch order of 1M samples", |b| {
+        b.iter(|| black_box(epoch_order(1_000_000, 42, 3, true)))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, memory, scratch, raw, preprocess, sampler);
+criterion_main!(benches);
