@@ -100,6 +100,13 @@ impl Catalog {
                 .with_context(|| format!("opening dataset {:?}", c.name))?;
             catalog.add(dataset, scratch.shard_bytes);
         }
+        if let Some(space) = &catalog.scratch {
+            space.remove_unused(
+                catalog
+                    .iter()
+                    .filter_map(|d| d.scratch.as_ref().map(|t| t.dir())),
+            );
+        }
         Ok(catalog)
     }
 

@@ -90,6 +90,28 @@ impl ScratchSpace {
         }))
     }
 
+    /// Removes the shard folders (`<name>-<16 hex digits>`) no dataset uses: those of older
+    /// versions of a dataset, or of datasets no longer configured. Other files are left alone.
+    pub fn remove_unused<'a>(&self, in_use: impl IntoIterator<Item = &'a Path>) {
+        let in_use: Vec<&Path> = in_use.into_iter().collect();
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some((_, hex)) = name.rsplit_once('-') else {
+                continue;
+            };
+            let ours =
+                hex.len() == 16 && hex.chars().all(|c| c.is_ascii_hexdigit()) && path.is_dir();
+            if ours && !in_use.contains(&path.as_path()) {
+                tracing::info!(path = %path.display(), "removing scratch shards no configured dataset uses");
+                let _ = std::fs::remove_dir_all(&path);
+            }
+        }
+    }
+
     pub fn snapshot(&self) -> ScratchSnapshot {
         let paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
         ScratchSnapshot {
@@ -184,9 +206,7 @@ impl ScratchTier {
                 }
             })
             .collect();
-        let dir_name = format!("{safe}-{fingerprint:016x}");
-        remove_old_versions(&space.root, &safe, &dir_name);
-        let dir = space.root.join(&dir_name);
+        let dir = space.root.join(format!("{safe}-{fingerprint:016x}"));
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("creating scratch folder {}", dir.display()))?;
         let record_bytes = RECORD_HEADER + sample_bytes;
@@ -401,6 +421,11 @@ impl ScratchTier {
         }
     }
 
+    /// The folder holding this dataset's shards.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub fn len(&self) -> u64 {
         self.len
     }
@@ -452,27 +477,6 @@ fn checksum(index: u64, payload: &[u8]) -> u32 {
     h.finalize()
 }
 
-/// Removes `<name>-<16 hex digits>` folders other than `keep`: shards of an older version of the
-/// dataset or of its preprocessing.
-fn remove_old_versions(root: &Path, name: &str, keep: &str) {
-    let Ok(entries) = std::fs::read_dir(root) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let file_name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = file_name
-            .strip_prefix(name)
-            .and_then(|r| r.strip_prefix('-'))
-        else {
-            continue;
-        };
-        if file_name != keep && rest.len() == 16 && rest.chars().all(|c| c.is_ascii_hexdigit()) {
-            tracing::info!(path = %entry.path().display(), "removing scratch shards of an older version of the dataset");
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -512,10 +516,19 @@ mod tests {
         drop(t);
 
         // A new version of the data: old shards are removed, nothing stale is served.
+        std::fs::write(dir.path().join("notes-0123456789abcdef"), "not ours").unwrap();
         let space = ScratchSpace::open(dir.path(), Some(1 << 20)).unwrap();
         let t = tier(&space, 2);
+        space.remove_unused([t.dir()]);
         assert!(t.read(0).is_none());
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            2,
+            "ours and the stray file"
+        );
+        space.remove_unused([]);
+        assert!(!t.dir().exists(), "a dataset no longer configured");
+        assert!(dir.path().join("notes-0123456789abcdef").exists());
     }
 
     #[test]

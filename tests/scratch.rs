@@ -396,3 +396,31 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
         .unwrap_err();
     assert_eq!(warm.code(), Code::FailedPrecondition);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_of_a_dataset_no_longer_configured_are_removed() {
+    let dir = dataset(100);
+    let scratch = dir.path().join("scratch");
+    let d = Daemon::start(config(dir.path(), &scratch, "", 0))
+        .await
+        .unwrap();
+    warm(&d).await.unwrap();
+    let folder = d
+        .catalog
+        .get("train")
+        .unwrap()
+        .scratch
+        .as_ref()
+        .unwrap()
+        .dir()
+        .to_path_buf();
+    assert!(folder.exists());
+    d.shutdown().await.unwrap();
+    let without = Config::parse(&format!(
+        "listen = \"127.0.0.1:0\"\n[scratch]\ndir = {scratch:?}\n"
+    ))
+    .unwrap();
+    let d = Daemon::start(without).await.unwrap();
+    assert!(!folder.exists(), "its disk space is given back");
+    assert_eq!(stats(&d).await.scratch_bytes, 0);
+}
