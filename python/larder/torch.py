@@ -57,7 +57,8 @@ class LarderIterableDataset(IterableDataset):
     """Batches of `dataset` from larderd as (uint8 images, int64 labels) tensors.
 
     Use with `DataLoader(ds, batch_size=None, num_workers=K)`: the daemon batches. Each DDP rank
-    (taken from torch.distributed when it is initialized, or given as rank/world_size) and each
+    (given as rank/world_size, or taken from torch.distributed when it is initialized before the
+    dataset is made or `set_epoch` is called) and each
     DataLoader worker streams its own shard, so every sample comes exactly once per epoch
     across all of them. Call `set_epoch` before each epoch. `start_step` resumes the epoch
     after the loader (on this rank) has yielded that many batches.
@@ -90,12 +91,16 @@ class LarderIterableDataset(IterableDataset):
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.reconnect_timeout = reconnect_timeout
+        self._ddp = self._resolve_ddp()
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         self.epoch = epoch
         self.start_step = start_step
+        self._ddp = self._resolve_ddp()
 
-    def _ddp(self) -> Tuple[int, int]:
+    def _resolve_ddp(self) -> Tuple[int, int]:
+        # Called in the training process: DataLoader workers, where __iter__ runs, are other
+        # processes that have no process group of their own.
         if self.rank is not None or self.world_size is not None:
             return self.rank or 0, self.world_size or 1
         if dist.is_available() and dist.is_initialized():
@@ -103,7 +108,7 @@ class LarderIterableDataset(IterableDataset):
         return 0, 1
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        rank, world = self._ddp()
+        rank, world = self._ddp
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         # Worker k of K on rank r of W streams shard r*K + k of W*K.

@@ -92,3 +92,26 @@ def test_example_training_script_learns(tmp_path):
     accuracy = float(last[0].split("accuracy ")[1].split()[0])
     assert accuracy > 0.9, out.stdout
     assert "larderd memory hit rate" in out.stdout
+
+
+def _ddp_rank(rank, world, port, address, out_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        ds = LarderIterableDataset("train", 16, address=address, seed=9)  # rank from the process group
+        ids = ids_of(DataLoader(ds, batch_size=None, num_workers=2))
+        (pathlib.Path(out_dir) / f"rank{rank}.txt").write_text(" ".join(map(str, ids)))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_ranks_from_a_real_process_group(daemon, tmp_path):
+    import torch.multiprocessing as mp
+    from conftest import free_port
+
+    mp.spawn(_ddp_rank, args=(2, free_port(), daemon.unix, str(tmp_path)), nprocs=2, join=True)
+    shards = [list(map(int, (tmp_path / f"rank{r}.txt").read_text().split())) for r in range(2)]
+    assert all(len(s) == 150 for s in shards)
+    assert sorted(shards[0] + shards[1]) == list(range(300)), "each sample on exactly one rank"
