@@ -283,6 +283,15 @@ impl Larder for Service {
             rx,
             metrics: self.store.metrics.clone(),
             waiting_since: None,
+            stalled: Duration::ZERO,
+            opened: Instant::now(),
+            name: format!(
+                "{} rank {}/{} epoch {}",
+                req.dataset,
+                req.rank,
+                req.world_size.max(1),
+                req.epoch
+            ),
         };
         Ok(Response::new(Box::pin(metered)))
     }
@@ -307,6 +316,24 @@ struct MeteredStream {
     rx: mpsc::Receiver<Result<Batch, Status>>,
     metrics: Arc<Metrics>,
     waiting_since: Option<Instant>,
+    /// This stream's stall time so far, logged when it closes.
+    stalled: Duration,
+    opened: Instant,
+    name: String,
+}
+
+impl Drop for MeteredStream {
+    fn drop(&mut self) {
+        let open = self.opened.elapsed().as_secs_f64();
+        let stalled = self.stalled.as_secs_f64();
+        tracing::info!(
+            stream = %self.name,
+            open_seconds = open,
+            stall_seconds = stalled,
+            "stream closed; the client waited on larder {:.0}% of the time",
+            if open > 0.0 { stalled / open * 100.0 } else { 0.0 }
+        );
+    }
 }
 
 impl Stream for MeteredStream {
@@ -320,7 +347,9 @@ impl Stream for MeteredStream {
             }
             Poll::Ready(item) => {
                 if let Some(since) = self.waiting_since.take() {
-                    self.metrics.record_stall(since.elapsed());
+                    let waited = since.elapsed();
+                    self.stalled += waited;
+                    self.metrics.record_stall(waited);
                 }
                 if let Some(Ok(b)) = &item {
                     self.metrics
