@@ -16,6 +16,10 @@ pub struct Config {
     /// Unix socket path to listen on.
     #[serde(default)]
     pub unix_socket: Option<PathBuf>,
+    /// Permissions of the Unix socket; connecting needs write permission. Default 0o666: every
+    /// user of the workstation may connect.
+    #[serde(default = "default_socket_mode")]
+    pub unix_socket_mode: u32,
     #[serde(default)]
     pub memory: MemoryConfig,
     #[serde(default)]
@@ -129,6 +133,9 @@ pub struct DatasetConfig {
 fn default_scratch_dir() -> PathBuf {
     PathBuf::from("/var/cache/larder")
 }
+fn default_socket_mode() -> u32 {
+    0o666
+}
 fn default_shard_bytes() -> u64 {
     256 << 20
 }
@@ -207,6 +214,12 @@ impl Config {
         }
         if self.prefetch_batches == 0 {
             bail!("prefetch_batches must be at least 1");
+        }
+        if self.unix_socket_mode > 0o777 {
+            bail!(
+                "unix_socket_mode {:o} is not a permission mode",
+                self.unix_socket_mode
+            );
         }
         if self.scratch.shard_bytes < 4096 {
             bail!("scratch.shard_bytes must be at least 4096");

@@ -418,7 +418,7 @@ impl Daemon {
             tracing::info!(%addr, "listening on TCP");
         }
         if let Some(path) = &config.unix_socket {
-            let listener = bind_unix(path)?;
+            let listener = bind_unix(path, config.unix_socket_mode)?;
             let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
             servers.push(spawn_server(&service, incoming, &shutdown, "Unix socket"));
             tracing::info!(path = %path.display(), "listening on Unix socket");
@@ -501,7 +501,7 @@ async fn until_stopped(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
 
-fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener> {
+fn bind_unix(path: &std::path::Path, mode: u32) -> Result<tokio::net::UnixListener> {
     use std::os::unix::fs::FileTypeExt;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)
@@ -519,8 +519,12 @@ fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener> {
         std::fs::remove_file(path)
             .with_context(|| format!("removing stale socket {}", path.display()))?;
     }
-    tokio::net::UnixListener::bind(path)
-        .with_context(|| format!("listening on Unix socket {}", path.display()))
+    let listener = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("listening on Unix socket {}", path.display()))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of {}", path.display()))?;
+    Ok(listener)
 }
 
 /// Logs, per dataset, how much of it the memory budget holds, planning with the expansion factor.
