@@ -22,7 +22,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 const FILE_MAGIC: &[u8; 8] = b"LARDSHD1";
@@ -165,6 +165,8 @@ struct Shard {
     file: File,
     map: Mmap,
     first: u64,
+    /// Readers never see a record half written (warming writes beside the streams' fetches).
+    records: RwLock<()>,
 }
 
 /// One dataset's shards.
@@ -295,6 +297,7 @@ impl ScratchTier {
             file,
             map,
             first: s * self.records_per_shard,
+            records: RwLock::new(()),
         })
     }
 
@@ -323,6 +326,7 @@ impl ScratchTier {
             file,
             map,
             first: s * self.records_per_shard,
+            records: RwLock::new(()),
         })
     }
 
@@ -381,6 +385,7 @@ impl ScratchTier {
     /// The sample, if the tier holds a valid copy. Corrupt records are counted and logged.
     pub fn read(&self, index: u64) -> Option<Bytes> {
         let shard = self.shard(index, false)?;
+        let _reading = shard.records.read().unwrap_or_else(|e| e.into_inner());
         match self.record(&shard, index) {
             Record::Valid(payload) => Some(Bytes::copy_from_slice(payload)),
             Record::Absent => None,
@@ -394,8 +399,10 @@ impl ScratchTier {
 
     /// Whether the tier holds a valid copy of the sample.
     pub fn contains(&self, index: u64) -> bool {
-        self.shard(index, false)
-            .is_some_and(|s| matches!(self.record(&s, index), Record::Valid(_)))
+        self.shard(index, false).is_some_and(|s| {
+            let _reading = s.records.read().unwrap_or_else(|e| e.into_inner());
+            matches!(self.record(&s, index), Record::Valid(_))
+        })
     }
 
     /// Stores a sample. Returns whether it was written; a full budget or disk is not an error:
@@ -411,7 +418,11 @@ impl ScratchTier {
         rec.extend_from_slice(&RECORD_MAGIC.to_le_bytes());
         rec.extend_from_slice(&checksum(index, data).to_le_bytes());
         rec.extend_from_slice(data);
-        match shard.file.write_all_at(&rec, self.offset(&shard, index)) {
+        let written = {
+            let _writing = shard.records.write().unwrap_or_else(|e| e.into_inner());
+            shard.file.write_all_at(&rec, self.offset(&shard, index))
+        };
+        match written {
             Ok(()) => true,
             Err(e) => {
                 let (path, _) = self.locate(index);

@@ -424,3 +424,24 @@ async fn shards_of_a_dataset_no_longer_configured_are_removed() {
     assert!(!folder.exists(), "its disk space is given back");
     assert_eq!(stats(&d).await.scratch_bytes, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warming_while_clients_stream_is_safe() {
+    let n = 3000;
+    let dir = dataset(n);
+    let scratch = dir.path().join("scratch");
+    let d = Daemon::start(config(dir.path(), &scratch, "", 0))
+        .await
+        .unwrap();
+    let (progress, a, b) = tokio::join!(warm(&d), full_epoch(&d, 0), full_epoch(&d, 1));
+    assert_eq!(progress.unwrap().last().unwrap().done, n);
+    check_epoch(&a, n);
+    check_epoch(&b, n);
+    let s = stats(&d).await;
+    assert_eq!(
+        s.scratch_corrupt_records, 0,
+        "no reader saw a record half written"
+    );
+    check_epoch(&full_epoch(&d, 2).await, n);
+    assert_eq!(hits(&stats(&d).await, "scratch") - hits(&s, "scratch"), n);
+}
