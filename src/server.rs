@@ -237,6 +237,7 @@ impl Larder for Service {
             batches = plan.num_batches, "stream opened"
         );
         let guard = self.store.open_stream(plan.remaining_samples());
+        let (plan_start, plan_end) = (plan.start_batch, plan.num_batches);
         let store = self.store.clone();
         let prefetch = self.prefetch_batches;
         let shutdown = self.shutdown.clone();
@@ -283,6 +284,8 @@ impl Larder for Service {
             rx,
             metrics: self.store.metrics.clone(),
             waiting_since: None,
+            next_batch: plan_start,
+            num_batches: plan_end,
             stalled: Duration::ZERO,
             opened: Instant::now(),
             name: format!(
@@ -316,6 +319,10 @@ struct MeteredStream {
     rx: mpsc::Receiver<Result<Batch, Status>>,
     metrics: Arc<Metrics>,
     waiting_since: Option<Instant>,
+    /// The batch the client gets next, and the end of the epoch: a stream that ends before it
+    /// ends with an error, never as if the epoch were complete.
+    next_batch: u64,
+    num_batches: u64,
     /// This stream's stall time so far, logged when it closes.
     stalled: Duration,
     opened: Instant,
@@ -351,9 +358,23 @@ impl Stream for MeteredStream {
                     self.stalled += waited;
                     self.metrics.record_stall(waited);
                 }
-                if let Some(Ok(b)) = &item {
-                    self.metrics
-                        .record_batch(b.sample_ids.len() as u64, b.data.len() as u64);
+                match &item {
+                    Some(Ok(b)) => {
+                        self.next_batch = b.batch_index + 1;
+                        self.metrics
+                            .record_batch(b.sample_ids.len() as u64, b.data.len() as u64);
+                    }
+                    Some(Err(_)) => self.next_batch = self.num_batches, // the error says why
+                    None if self.next_batch < self.num_batches => {
+                        let missing = self.next_batch;
+                        self.next_batch = self.num_batches;
+                        tracing::error!(stream = %self.name, batch = missing, "stream producer stopped early");
+                        return Poll::Ready(Some(Err(Status::internal(format!(
+                            "larderd stopped this stream before batch {missing} of {}; resume from it",
+                            self.num_batches
+                        )))));
+                    }
+                    None => {}
                 }
                 Poll::Ready(item)
             }
@@ -549,6 +570,57 @@ fn log_capacity_plan(catalog: &Catalog, budget: u64, expansion_factor: f64) {
             planned_memory_bytes = planned,
             "capacity plan: the memory tier holds about {:.0}% of this dataset",
             fraction * 100.0
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metered(rx: mpsc::Receiver<Result<Batch, Status>>, start: u64, end: u64) -> MeteredStream {
+        MeteredStream {
+            rx,
+            metrics: Arc::new(Metrics::default()),
+            waiting_since: None,
+            next_batch: start,
+            num_batches: end,
+            stalled: Duration::ZERO,
+            opened: Instant::now(),
+            name: "test".into(),
+        }
+    }
+
+    fn batch(i: u64) -> Result<Batch, Status> {
+        Ok(Batch {
+            batch_index: i,
+            ..Default::default()
+        })
+    }
+
+    #[tokio::test]
+    async fn a_stream_cut_short_ends_with_an_error_not_as_complete() {
+        let (tx, rx) = mpsc::channel(4);
+        tx.send(batch(2)).await.unwrap();
+        drop(tx); // the producer is gone after batch 2 of 5
+        let items: Vec<_> = metered(rx, 2, 5).collect().await;
+        assert_eq!(items.len(), 2);
+        let err = items[1].as_ref().unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Internal);
+        assert!(
+            err.message().contains("before batch 3 of 5"),
+            "{}",
+            err.message()
+        );
+
+        let (tx, rx) = mpsc::channel(4);
+        tx.send(batch(3)).await.unwrap();
+        tx.send(batch(4)).await.unwrap();
+        drop(tx);
+        let items: Vec<_> = metered(rx, 3, 5).collect().await;
+        assert!(
+            items.iter().all(|i| i.is_ok()),
+            "a complete stream ends cleanly"
         );
     }
 }
