@@ -34,7 +34,9 @@ enum Command {
     /// Measure the running daemon: stream whole epochs with concurrent clients, print throughput,
     /// hit rates and stall time (checks every client gets every sample exactly once).
     Bench {
+        /// Dataset name, as `larder datasets` lists it.
         dataset: String,
+        /// Concurrent clients, each streaming whole epochs with its own seed.
         #[arg(long, default_value_t = 2)]
         clients: u32,
         #[arg(long, default_value_t = 3)]
@@ -44,8 +46,10 @@ enum Command {
     },
     /// Make a small dataset, start a daemon, run training clients, print throughput and hit rates.
     Demo {
+        /// Samples in the demo dataset (uint8 3x32x32 each).
         #[arg(long, default_value_t = 4096)]
         samples: u64,
+        /// Concurrent training clients.
         #[arg(long, default_value_t = 2)]
         clients: u32,
         #[arg(long, default_value_t = 3)]
