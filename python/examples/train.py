@@ -8,6 +8,7 @@ streams its own shard.
 """
 
 import argparse
+import os
 import time
 
 import torch
@@ -44,7 +45,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
-    if "RANK" in __import__("os").environ and not dist.is_initialized():
+    if "RANK" in os.environ and not dist.is_initialized():  # started by torchrun
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(args.seed)
