@@ -8,6 +8,7 @@ streams its own shard.
 """
 
 import argparse
+import contextlib
 import os
 import time
 
@@ -66,17 +67,21 @@ def main() -> None:
         started = time.perf_counter()
         seen = correct = 0
         total_loss = 0.0
-        for images, labels in loader:
-            x = to_float(images, device)
-            y = labels.to(device, non_blocking=True)
-            logits = model(x)
-            loss = nn.functional.cross_entropy(logits, y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            seen += len(y)
-            correct += (logits.argmax(1) == y).sum().item()
-            total_loss += loss.item() * len(y)
+        # Every sample is served exactly once, so ranks can get a different number of batches
+        # (1001 samples on 2 ranks: 501 and 500). DDP's join lets a rank that runs out early
+        # shadow the others' gradient syncs instead of leaving them waiting.
+        with model.join() if dist.is_initialized() else contextlib.nullcontext():
+            for images, labels in loader:
+                x = to_float(images, device)
+                y = labels.to(device, non_blocking=True)
+                logits = model(x)
+                loss = nn.functional.cross_entropy(logits, y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                seen += len(y)
+                correct += (logits.argmax(1) == y).sum().item()
+                total_loss += loss.item() * len(y)
         secs = time.perf_counter() - started
         print(f"epoch {epoch}: loss {total_loss / max(seen, 1):.4f} accuracy {correct / max(seen, 1):.3f} "
               f"({seen} samples, {seen / secs:.0f} samples/s)", flush=True)

@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -63,10 +64,9 @@ def test_resume_points_follow_the_loaders_round_robin():
     assert shard_batches(10, 4, 0, 1, True) == 2
 
 
-def test_example_training_script_learns(tmp_path):
-    # A learnable dataset: the class decides which quadrant of the image is bright.
+def quadrant_daemon(tmp_path, n: int) -> Daemon:
+    """larderd serving "quad", a learnable set: the class decides which quadrant is bright."""
     rng = np.random.default_rng(0)
-    n = 512
     labels = rng.integers(0, 4, n)
     images = rng.integers(0, 60, (n, 3, 16, 16), dtype=np.uint8)
     for i, c in enumerate(labels):
@@ -77,13 +77,20 @@ def test_example_training_script_learns(tmp_path):
     with h5py.File(tmp_path / "quad.h5", "w") as f:
         f.create_dataset("images", data=images)
         f.create_dataset("labels", data=labels.astype(np.int64))
-    d = Daemon(tmp_path, f'[[dataset]]\nname = "quad"\npath = "{tmp_path / "quad.h5"}"\nlabels = "labels"\n')
+    return Daemon(tmp_path, f'[[dataset]]\nname = "quad"\npath = "{tmp_path / "quad.h5"}"\nlabels = "labels"\n')
+
+
+def run_example(launcher: list, address: str, epochs: int) -> subprocess.CompletedProcess:
+    d_args = ["--address", address, "--dataset", "quad", "--epochs", str(epochs), "--batch-size", "32",
+              "--workers", "2", "--classes", "4"]
+    return subprocess.run(launcher + [str(REPO / "python" / "examples" / "train.py")] + d_args,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_example_training_script_learns(tmp_path):
+    d = quadrant_daemon(tmp_path, 512)
     try:
-        out = subprocess.run(
-            [sys.executable, str(REPO / "python" / "examples" / "train.py"), "--address", d.unix,
-             "--dataset", "quad", "--epochs", "3", "--batch-size", "32", "--workers", "2", "--classes", "4"],
-            capture_output=True, text=True, timeout=300,
-        )
+        out = run_example([sys.executable], d.unix, epochs=3)
     finally:
         d.stop()
     assert out.returncode == 0, out.stderr
@@ -92,6 +99,22 @@ def test_example_training_script_learns(tmp_path):
     accuracy = float(last[0].split("accuracy ")[1].split()[0])
     assert accuracy > 0.9, out.stdout
     assert "larderd memory hit rate" in out.stdout
+
+
+def test_example_under_torchrun_with_uneven_ranks(tmp_path):
+    # 513 samples on 2 ranks: 257 (9 batches of 32) and 256 (8 batches). Without DDP's join the
+    # rank with fewer batches leaves, and the other fails in its next gradient sync.
+    d = quadrant_daemon(tmp_path, 513)
+    try:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        out = run_example(torchrun, d.unix, epochs=2)
+    finally:
+        d.stop()
+    assert out.returncode == 0, out.stderr[-3000:]
+    # The ranks' lines can interleave on the shared stdout.
+    lines = re.findall(r"epoch (\d+): loss \S+ accuracy \S+ \((\d+) samples", out.stdout)
+    for epoch in range(2):
+        assert sorted(int(n) for e, n in lines if e == str(epoch)) == [256, 257], out.stdout
 
 
 def _ddp_rank(rank, world, port, address, out_dir):
