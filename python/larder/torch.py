@@ -60,8 +60,9 @@ class LarderIterableDataset(IterableDataset):
     (given as rank/world_size, or taken from torch.distributed when it is initialized before the
     dataset is made or `set_epoch` is called) and each
     DataLoader worker streams its own shard, so every sample comes exactly once per epoch
-    across all of them. Call `set_epoch` before each epoch. `start_step` resumes the epoch
-    after the loader (on this rank) has yielded that many batches.
+    across all of them. No sample is repeated to even out the ranks, so their batch counts can
+    differ: train a DDP epoch inside `with model.join():`. Call `set_epoch` before each epoch.
+    `start_step` resumes the epoch after the loader (on this rank) has yielded that many batches.
     """
 
     def __init__(
