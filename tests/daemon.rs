@@ -1,17 +1,17 @@
 //! End-to-end tests: a real HDF5 file, a real daemon on a free port, real gRPC clients.
 
+mod common;
+
+use common::{check_contents, check_epoch, hits, ids, SAMPLE_BYTES, SHAPE};
 use larder::client::{collect_batches, connect, Client};
 use larder::config::Config;
-use larder::demo::{expected_label, expected_sample, make_dataset};
+use larder::demo::make_dataset;
 use larder::memory::ENTRY_OVERHEAD;
-use larder::proto::{Batch, GetStatsRequest, ListDatasetsRequest, Stats, StreamBatchesRequest};
+use larder::proto::{Batch, ListDatasetsRequest, Stats, StreamBatchesRequest};
 use larder::server::Daemon;
 use std::collections::HashSet;
 use std::time::Duration;
 use tonic::Code;
-
-const SHAPE: [usize; 3] = [2, 4, 4];
-const SAMPLE_BYTES: usize = 32;
 
 struct Fixture {
     daemon: Daemon,
@@ -57,12 +57,7 @@ impl Fixture {
     }
 
     async fn stats(&self) -> Stats {
-        self.client()
-            .await
-            .get_stats(GetStatsRequest {})
-            .await
-            .unwrap()
-            .into_inner()
+        common::stats(&self.daemon).await
     }
 }
 
@@ -79,28 +74,6 @@ fn req(batch_size: u32, seed: u64, epoch: u64) -> StreamBatchesRequest {
 
 async fn epoch(f: &Fixture, r: StreamBatchesRequest) -> Vec<Batch> {
     collect_batches(&mut f.client().await, r).await.unwrap()
-}
-
-fn ids(batches: &[Batch]) -> Vec<u64> {
-    batches.iter().flat_map(|b| b.sample_ids.clone()).collect()
-}
-
-/// Every sample's bytes and label are the ones in the HDF5 file, and the shape is [B, 2, 4, 4].
-fn check_contents(batches: &[Batch]) {
-    for b in batches {
-        let n = b.sample_ids.len();
-        assert_eq!(b.shape, vec![n as u32, 2, 4, 4]);
-        assert_eq!(b.data.len(), n * SAMPLE_BYTES);
-        for (k, &id) in b.sample_ids.iter().enumerate() {
-            let got = &b.data[k * SAMPLE_BYTES..(k + 1) * SAMPLE_BYTES];
-            assert_eq!(got, &expected_sample(id, SAMPLE_BYTES)[..], "sample {id}");
-            assert_eq!(b.labels[k], expected_label(id));
-        }
-    }
-}
-
-fn hits(stats: &Stats, tier: &str) -> u64 {
-    stats.tiers.iter().find(|t| t.tier == tier).unwrap().hits
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,12 +96,8 @@ async fn concurrent_clients_each_get_every_sample_exactly_once() {
         for (i, b) in batches.iter().enumerate() {
             assert_eq!((b.batch_index, b.num_batches), (i as u64, 72));
         }
-        check_contents(&batches);
-        let order = ids(&batches);
-        let mut sorted = order.clone();
-        sorted.sort_unstable();
-        assert_eq!(sorted, (0..500).collect::<Vec<_>>());
-        orders.push(order);
+        check_epoch(&batches, 500);
+        orders.push(ids(&batches));
     }
     assert_ne!(orders[0], orders[1], "different seeds shuffle differently");
     assert_ne!(orders[0], (0..500).collect::<Vec<_>>(), "shuffled");

@@ -1,19 +1,18 @@
 //! The scratch tier end to end: warming with progress, restarts, resuming, corrupt and truncated
 //! records, a full budget, a full disk, and image folders preprocessed on the worker pool.
 
+mod common;
+
+use common::{check_epoch, hits, stats, SAMPLE_BYTES, SHAPE};
 use larder::client::{collect_batches, connect};
 use larder::config::Config;
-use larder::demo::{expected_label, expected_sample, make_dataset};
+use larder::demo::make_dataset;
 use larder::preprocess::Preprocess;
-use larder::proto::{
-    Batch, GetStatsRequest, Stats, StreamBatchesRequest, WarmProgress, WarmRequest,
-};
+use larder::proto::{Batch, StreamBatchesRequest, WarmProgress, WarmRequest};
 use larder::server::Daemon;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use tonic::Code;
-
-const SAMPLE_BYTES: usize = 32;
 
 /// A config for the HDF5 file `dir/train.h5` with its scratch tier in `scratch`.
 fn config(dir: &Path, scratch: &Path, scratch_extra: &str, memory_budget: u64) -> Config {
@@ -38,17 +37,8 @@ fn config(dir: &Path, scratch: &Path, scratch_extra: &str, memory_budget: u64) -
 
 fn dataset(n: u64) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    make_dataset(&dir.path().join("train.h5"), n, &[2, 4, 4]).unwrap();
+    make_dataset(&dir.path().join("train.h5"), n, &SHAPE).unwrap();
     dir
-}
-
-async fn stats(d: &Daemon) -> Stats {
-    let mut c = connect(&d.client_addr()).await.unwrap();
-    c.get_stats(GetStatsRequest {}).await.unwrap().into_inner()
-}
-
-fn hits(s: &Stats, tier: &str) -> u64 {
-    s.tiers.iter().find(|t| t.tier == tier).unwrap().hits
 }
 
 async fn warm(d: &Daemon) -> Result<Vec<WarmProgress>, tonic::Status> {
@@ -76,21 +66,6 @@ async fn full_epoch(d: &Daemon, epoch: u64) -> Vec<Batch> {
         ..Default::default()
     };
     collect_batches(&mut c, req).await.unwrap()
-}
-
-/// Every sample exactly once, with the bytes and label of the HDF5 file.
-fn check_epoch(batches: &[Batch], n: u64) {
-    let mut ids = vec![];
-    for b in batches {
-        for (k, &id) in b.sample_ids.iter().enumerate() {
-            let got = &b.data[k * SAMPLE_BYTES..(k + 1) * SAMPLE_BYTES];
-            assert_eq!(got, &expected_sample(id, SAMPLE_BYTES)[..], "sample {id}");
-            assert_eq!(b.labels[k], expected_label(id));
-            ids.push(id);
-        }
-    }
-    ids.sort_unstable();
-    assert_eq!(ids, (0..n).collect::<Vec<_>>());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -347,7 +322,7 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
         seen.sort_unstable();
         assert_eq!(seen, (0..15).collect::<Vec<_>>());
     }
-    let s = c.get_stats(GetStatsRequest {}).await.unwrap().into_inner();
+    let s = stats(&d).await;
     assert_eq!(hits(&s, "raw"), 15, "each image decoded once");
     assert_eq!(hits(&s, "memory"), 15);
     let raw_bytes: u64 = files
