@@ -405,6 +405,12 @@ impl ScratchTier {
         })
     }
 
+    /// Whether a write of sample `index` would be taken now: writes are not paused, and its
+    /// shard exists or fits in the budget (it is created).
+    pub fn accepts_writes(&self, index: u64) -> bool {
+        !self.space.writes_paused() && self.shard(index, true).is_some()
+    }
+
     /// Stores a sample. Returns whether it was written; a full budget or disk is not an error:
     /// the sample is still served, from the other tiers.
     pub fn write(&self, index: u64, data: &[u8]) -> bool {

@@ -20,6 +20,12 @@ pub trait RawSource: Send + Sync {
     fn read_range(&self, start: u64, count: u64) -> Result<Vec<Vec<u8>>> {
         (start..start + count).map(|i| self.read(i)).collect()
     }
+    /// Samples that are read about as cheaply together, as an aligned range, as one alone: on
+    /// a miss the store reads the whole range and fills the scratch tier with it, so a shuffled
+    /// cold epoch reads raw storage in ranges rather than sample by sample.
+    fn read_granule(&self) -> u64 {
+        1
+    }
     /// Bytes the raw data takes on disk (for capacity planning).
     fn disk_bytes(&self) -> u64;
     /// Bytes sample `index` takes on disk (for the measured expansion factor).
@@ -57,7 +63,13 @@ pub struct Hdf5Source {
     shape: Vec<u32>,
     labels: Option<Vec<i64>>,
     disk_bytes: u64,
+    granule: u64,
 }
+
+/// Bytes of a contiguous HDF5 dataset read together on a miss.
+const CONTIGUOUS_GRANULE_BYTES: u64 = 1 << 20;
+/// Most samples read together on a miss.
+pub const MAX_GRANULE: u64 = 256;
 
 impl Hdf5Source {
     pub fn open(path: &Path, samples: &str, labels: Option<&str>) -> Result<Hdf5Source> {
@@ -105,6 +117,13 @@ impl Hdf5Source {
             }
         };
         let disk_bytes = dataset.storage_size();
+        // Reading one sample of a chunked dataset reads (and decompresses) its whole chunk.
+        let sample_bytes = shape.iter().map(|&d| d as u64).product::<u64>().max(1);
+        let granule = match dataset.chunk() {
+            Some(chunk) => chunk[0] as u64,
+            None => CONTIGUOUS_GRANULE_BYTES / sample_bytes,
+        }
+        .clamp(1, MAX_GRANULE);
         Ok(Hdf5Source {
             path: path.to_path_buf(),
             name: samples.to_string(),
@@ -113,6 +132,7 @@ impl Hdf5Source {
             shape,
             labels,
             disk_bytes,
+            granule,
         })
     }
 }
@@ -143,6 +163,10 @@ impl RawSource for Hdf5Source {
             .product::<usize>()
             .max(1);
         Ok(block.chunks(size).map(<[u8]>::to_vec).collect())
+    }
+
+    fn read_granule(&self) -> u64 {
+        self.granule
     }
 
     fn disk_bytes(&self) -> u64 {
@@ -350,6 +374,40 @@ mod tests {
         assert!(src.read_range(4, 2).is_err());
         assert!(src.read(5).is_err());
         assert!(src.disk_bytes() >= 30);
+    }
+
+    #[test]
+    fn granules_follow_the_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.h5");
+        // Contiguous, 64 KiB samples: 1 MiB at a time.
+        write_hdf5(&path, "big", &[40, 1 << 16], &vec![0; 40 << 16], None).unwrap();
+        assert_eq!(
+            Hdf5Source::open(&path, "big", None).unwrap().read_granule(),
+            16
+        );
+        // Contiguous, tiny samples: capped.
+        write_hdf5(&path, "small", &[1000, 4], &[0; 4000], None).unwrap();
+        assert_eq!(
+            Hdf5Source::open(&path, "small", None)
+                .unwrap()
+                .read_granule(),
+            MAX_GRANULE
+        );
+        // Chunked: one chunk.
+        let file = hdf5::File::create(&path).unwrap();
+        file.new_dataset::<u8>()
+            .chunk([10, 4])
+            .shape([1000, 4])
+            .create("chunked")
+            .unwrap();
+        drop(file);
+        assert_eq!(
+            Hdf5Source::open(&path, "chunked", None)
+                .unwrap()
+                .read_granule(),
+            10
+        );
     }
 
     #[test]

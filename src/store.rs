@@ -5,6 +5,7 @@
 use crate::catalog::Dataset;
 use crate::memory::{Key, MemoryTier};
 use crate::metrics::{Metrics, Tier};
+use crate::scratch::ScratchTier;
 use anyhow::{anyhow, Context, Result};
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
@@ -25,7 +26,12 @@ pub struct Store {
     num_workers: usize,
     /// Samples per epoch of all open streams together.
     streaming_samples: AtomicU64,
+    /// Striped by (dataset, granule): one worker reads a granule from raw storage while the
+    /// others that need it wait, then find their samples in the scratch tier.
+    granule_locks: Arc<[Mutex<()>]>,
 }
+
+const GRANULE_LOCKS: usize = 64;
 
 impl Store {
     pub fn new(memory: Arc<MemoryTier>, metrics: Arc<Metrics>, workers: usize) -> Arc<Store> {
@@ -36,6 +42,7 @@ impl Store {
             workers: Arc::new(Semaphore::new(workers.max(1))),
             num_workers: workers.max(1),
             streaming_samples: AtomicU64::new(0),
+            granule_locks: (0..GRANULE_LOCKS).map(|_| Mutex::new(())).collect(),
         })
     }
 
@@ -98,31 +105,13 @@ impl Store {
         result.map_err(Arc::new)
     }
 
-    /// The sample from the scratch tier, or else from raw storage, preprocessed and written to
-    /// the scratch tier; with the tier it came from and the bytes read there.
+    /// The sample through the scratch and raw tiers, on the worker pool.
     async fn load(&self, ds: &Arc<Dataset>, index: u64) -> Result<(Bytes, Tier, u64)> {
         let _permit = self.workers.acquire().await.context("worker pool closed")?;
-        let ds = ds.clone();
-        tokio::task::spawn_blocking(move || {
-            if let Some(data) = ds.scratch.as_ref().and_then(|s| s.read(index)) {
-                let n = data.len() as u64;
-                return Ok((data, Tier::Scratch, n));
-            }
-            let raw = ds
-                .source
-                .read(index)
-                .with_context(|| format!("fetching sample {index} of dataset {:?}", ds.name))?;
-            let raw_len = raw.len() as u64;
-            let data = ds.preprocess.apply(raw).with_context(|| {
-                format!("preprocessing sample {index} of dataset {:?}", ds.name)
-            })?;
-            if let Some(scratch) = &ds.scratch {
-                scratch.write(index, &data);
-            }
-            Ok((Bytes::from(data), Tier::Raw, raw_len))
-        })
-        .await
-        .context("worker task failed")?
+        let (ds, locks) = (ds.clone(), self.granule_locks.clone());
+        tokio::task::spawn_blocking(move || load_blocking(&ds, &locks, index))
+            .await
+            .context("worker task failed")?
     }
 
     /// Preprocesses every sample of `ds` missing from its scratch tier into it, reporting
@@ -217,10 +206,7 @@ fn warm_chunk(ds: &Dataset, start: u64, count: u64) -> Result<(u64, u64, u64)> {
             .collect::<Result<_>>()?
     };
     for (i, bytes) in raw {
-        let data = ds
-            .preprocess
-            .apply(bytes)
-            .with_context(|| format!("preprocessing sample {i} of dataset {:?}", ds.name))?;
+        let data = preprocess(ds, i, bytes)?;
         anyhow::ensure!(
             scratch.write(i, &data),
             "the scratch tier stopped taking samples at sample {i} of {:?} (budget or disk full; see the daemon's log)",
@@ -229,6 +215,88 @@ fn warm_chunk(ds: &Dataset, start: u64, count: u64) -> Result<(u64, u64, u64)> {
     }
     let written = missing.len() as u64;
     Ok((written, count - written, count))
+}
+
+/// The sample from the scratch tier, or else from raw storage, preprocessed and written to the
+/// scratch tier; with the tier it came from and the bytes read there.
+fn load_blocking(ds: &Dataset, locks: &[Mutex<()>], index: u64) -> Result<(Bytes, Tier, u64)> {
+    let from_scratch = |data: Bytes| {
+        let n = data.len() as u64;
+        Ok((data, Tier::Scratch, n))
+    };
+    if let Some(data) = ds.scratch.as_ref().and_then(|s| s.read(index)) {
+        return from_scratch(data);
+    }
+    let granule = ds.source.read_granule();
+    let (data, raw_bytes) = match &ds.scratch {
+        Some(scratch) if granule > 1 && scratch.accepts_writes(index) => {
+            let stripe = (index / granule + 7 * ds.id as u64) as usize % locks.len();
+            let _reading = locks[stripe].lock().unwrap_or_else(|e| e.into_inner());
+            // Filled while this worker waited? (`contains` first: a corrupt record was
+            // counted once already.)
+            let filled = scratch.contains(index).then(|| scratch.read(index));
+            if let Some(data) = filled.flatten() {
+                return from_scratch(data);
+            }
+            load_granule(ds, scratch, index)?
+        }
+        _ => {
+            let raw = ds
+                .source
+                .read(index)
+                .with_context(|| format!("fetching sample {index} of dataset {:?}", ds.name))?;
+            let raw_bytes = raw.len() as u64;
+            let data = preprocess(ds, index, raw)?;
+            if let Some(scratch) = &ds.scratch {
+                scratch.write(index, &data);
+            }
+            (data, raw_bytes)
+        }
+    };
+    Ok((Bytes::from(data), Tier::Raw, raw_bytes))
+}
+
+fn preprocess(ds: &Dataset, index: u64, raw: Vec<u8>) -> Result<Vec<u8>> {
+    ds.preprocess
+        .apply(raw)
+        .with_context(|| format!("preprocessing sample {index} of dataset {:?}", ds.name))
+}
+
+/// Sample `index`, read with the rest of its granule (the aligned range of samples the source
+/// reads about as cheaply as one); the granule's samples missing from `scratch` are written
+/// there, so their own misses later in a shuffled epoch are scratch hits. Returns the sample and
+/// the raw bytes read.
+fn load_granule(ds: &Dataset, scratch: &ScratchTier, index: u64) -> Result<(Vec<u8>, u64)> {
+    let granule = ds.source.read_granule();
+    let start = index / granule * granule;
+    let count = granule.min(ds.len() - start);
+    let mut raw = ds.source.read_range(start, count).with_context(|| {
+        format!(
+            "fetching samples {start}..{} of dataset {:?}",
+            start + count,
+            ds.name
+        )
+    })?;
+    let raw_bytes = raw.iter().map(|r| r.len() as u64).sum();
+    let data = preprocess(
+        ds,
+        index,
+        std::mem::take(&mut raw[(index - start) as usize]),
+    )?;
+    scratch.write(index, &data);
+    for (i, bytes) in (start..).zip(raw) {
+        if i == index || scratch.contains(i) {
+            continue;
+        }
+        // A neighbour that fails to preprocess fails its own request later, not this one.
+        let Ok(d) = ds.preprocess.apply(bytes) else {
+            continue;
+        };
+        if !scratch.write(i, &d) {
+            break; // the budget or the disk is full
+        }
+    }
+    Ok((data, raw_bytes))
 }
 
 /// Keeps a stream registered while it lives.

@@ -2,13 +2,14 @@
 
 mod common;
 
-use common::{check_contents, check_epoch, hits, ids, SAMPLE_BYTES, SHAPE};
+use common::{bytes_read, check_contents, check_epoch, hits, ids, SAMPLE_BYTES, SHAPE};
 use larder::client::{collect_batches, connect, Client};
 use larder::config::Config;
 use larder::demo::make_dataset;
 use larder::memory::ENTRY_OVERHEAD;
 use larder::proto::{Batch, ListDatasetsRequest, Stats, StreamBatchesRequest};
 use larder::server::Daemon;
+use larder::source::MAX_GRANULE;
 use std::collections::HashSet;
 use std::time::Duration;
 use tonic::Code;
@@ -209,8 +210,8 @@ async fn memory_tier_stays_within_its_budget_and_keeps_its_working_set() {
         "every lookup is counted in exactly one tier"
     );
     assert_eq!(
-        hits(&before, "raw"),
-        n,
+        bytes_read(&before, "raw"),
+        n * SAMPLE_BYTES as u64,
         "raw storage is read once; scratch serves the rest"
     );
     let expansion = before.measured_expansion_factor;
@@ -259,10 +260,13 @@ async fn clients_asking_for_the_same_samples_share_one_fetch() {
     }
     let s = f.stats().await;
     assert_eq!(
-        hits(&s, "raw"),
-        400,
+        bytes_read(&s, "raw"),
+        400 * SAMPLE_BYTES as u64,
         "each sample read from raw storage once"
     );
+    // Misses read whole granules (aligned ranges) and fill the scratch tier with them: raw
+    // storage was read once per granule, and the granules' other samples came from scratch.
+    assert_eq!(hits(&s, "raw"), 400u64.div_ceil(MAX_GRANULE));
     assert_eq!(s.samples_served, 1600);
 }
 

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{check_epoch, hits, stats, SAMPLE_BYTES, SHAPE};
+use common::{bytes_read, check_epoch, hits, stats, SAMPLE_BYTES, SHAPE};
 use larder::client::{collect_batches, connect};
 use larder::config::Config;
 use larder::demo::make_dataset;
@@ -239,7 +239,8 @@ async fn a_full_disk_degrades_to_raw_with_a_clear_reason() {
         "{:?}",
         s.scratch_paused
     );
-    assert_eq!(hits(&s, "raw"), n);
+    // Granules read before the disk filled served some of their samples from scratch.
+    assert_eq!(hits(&s, "scratch") + hits(&s, "raw"), n);
     check_epoch(&full_epoch(&d, 1).await, n);
     let s = stats(&d).await;
     assert!(hits(&s, "scratch") > 0, "what fitted is served: {s:?}");
@@ -329,10 +330,7 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
         .iter()
         .map(|(f, _)| std::fs::metadata(f).unwrap().len())
         .sum();
-    assert_eq!(
-        s.tiers.iter().find(|t| t.tier == "raw").unwrap().bytes,
-        raw_bytes
-    );
+    assert_eq!(bytes_read(&s, "raw"), raw_bytes);
     let expected = (15 * (432 + larder::memory::ENTRY_OVERHEAD)) as f64 / raw_bytes as f64;
     assert!((s.measured_expansion_factor - expected).abs() < 1e-9);
 

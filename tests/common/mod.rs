@@ -19,6 +19,10 @@ pub fn hits(s: &Stats, tier: &str) -> u64 {
     s.tiers.iter().find(|t| t.tier == tier).unwrap().hits
 }
 
+pub fn bytes_read(s: &Stats, tier: &str) -> u64 {
+    s.tiers.iter().find(|t| t.tier == tier).unwrap().bytes
+}
+
 pub fn ids(batches: &[Batch]) -> Vec<u64> {
     batches.iter().flat_map(|b| b.sample_ids.clone()).collect()
 }
