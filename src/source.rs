@@ -73,7 +73,13 @@ pub const MAX_GRANULE: u64 = 256;
 
 impl Hdf5Source {
     pub fn open(path: &Path, samples: &str, labels: Option<&str>) -> Result<Hdf5Source> {
-        let file = hdf5::File::open(path)
+        // larderd only reads, and takes no HDF5 file lock: on long-term storage without flock
+        // (many NFS and Lustre mounts) the lock fails every open, and one held by any process
+        // that has the file open (or inherited its descriptor) would keep the dataset from
+        // being served. A rewritten file changes size or mtime, which the scratch tier notices.
+        let file = hdf5::File::with_options()
+            .with_fapl(|p| p.file_locking(false))
+            .open(path)
             .with_context(|| format!("opening HDF5 file {}", path.display()))?;
         let dataset = file
             .dataset(samples)
@@ -374,6 +380,17 @@ mod tests {
         assert!(src.read_range(4, 2).is_err());
         assert!(src.read(5).is_err());
         assert!(src.disk_bytes() >= 30);
+    }
+
+    #[test]
+    fn opens_a_file_another_process_holds_locked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.h5");
+        write_hdf5(&path, "x", &[2, 3], &[1; 6], None).unwrap();
+        let held = std::fs::File::open(&path).unwrap();
+        held.lock().unwrap(); // flock, as HDF5 takes it
+        let src = Hdf5Source::open(&path, "x", None).unwrap();
+        assert_eq!(src.read(1).unwrap(), vec![1; 3]);
     }
 
     #[test]
