@@ -14,9 +14,9 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use tonic::Code;
 
-/// A config for the HDF5 file `dir/train.h5` with its scratch tier in `scratch`.
-fn config(dir: &Path, scratch: &Path, scratch_extra: &str, memory_budget: u64) -> Config {
-    Config::parse(&format!(
+/// A daemon serving the HDF5 file `dir/train.h5` with its scratch tier in `scratch`.
+async fn start(dir: &Path, scratch: &Path, scratch_extra: &str, memory_budget: u64) -> Daemon {
+    let config = Config::parse(&format!(
         r#"
         listen = "127.0.0.1:0"
         [scratch]
@@ -32,7 +32,8 @@ fn config(dir: &Path, scratch: &Path, scratch_extra: &str, memory_budget: u64) -
         "#,
         path = dir.join("train.h5"),
     ))
-    .unwrap()
+    .unwrap();
+    Daemon::start(config).await.unwrap()
 }
 
 fn dataset(n: u64) -> tempfile::TempDir {
@@ -73,9 +74,7 @@ async fn a_warmed_dataset_survives_a_restart_without_preprocessing_again() {
     let n = 700;
     let dir = dataset(n);
     let scratch = dir.path().join("scratch");
-    let d = Daemon::start(config(dir.path(), &scratch, "", 1 << 20))
-        .await
-        .unwrap();
+    let d = start(dir.path(), &scratch, "", 1 << 20).await;
     let progress = warm(&d).await.unwrap();
     let last = progress.last().unwrap();
     assert_eq!(
@@ -92,9 +91,7 @@ async fn a_warmed_dataset_survives_a_restart_without_preprocessing_again() {
     assert_eq!(again.last().unwrap().written, 0);
     d.shutdown().await.unwrap();
 
-    let d = Daemon::start(config(dir.path(), &scratch, "", 1 << 20))
-        .await
-        .unwrap();
+    let d = start(dir.path(), &scratch, "", 1 << 20).await;
     check_epoch(&full_epoch(&d, 0).await, n);
     let s = stats(&d).await;
     assert_eq!(hits(&s, "raw"), 0, "nothing preprocessed again");
@@ -109,9 +106,7 @@ async fn an_interrupted_warm_resumes_where_it_stopped() {
     let n = 3000;
     let dir = dataset(n);
     let scratch = dir.path().join("scratch");
-    let d = Daemon::start(config(dir.path(), &scratch, "", 0))
-        .await
-        .unwrap();
+    let d = start(dir.path(), &scratch, "", 0).await;
     {
         let mut c = connect(&d.client_addr()).await.unwrap();
         let mut stream = c
@@ -144,9 +139,7 @@ async fn corrupt_and_truncated_records_are_refetched_never_served() {
     let dir = dataset(n);
     let scratch = dir.path().join("scratch");
     // No memory tier: every lookup goes to scratch.
-    let d = Daemon::start(config(dir.path(), &scratch, "", 0))
-        .await
-        .unwrap();
+    let d = start(dir.path(), &scratch, "", 0).await;
     warm(&d).await.unwrap();
     let tier = d.catalog.get("train").unwrap();
     let tier = tier.scratch.as_ref().unwrap();
@@ -175,9 +168,7 @@ async fn corrupt_and_truncated_records_are_refetched_never_served() {
         .unwrap()
         .set_len(payload + 3)
         .unwrap();
-    let d = Daemon::start(config(dir.path(), &scratch, "", 0))
-        .await
-        .unwrap();
+    let d = start(dir.path(), &scratch, "", 0).await;
     check_epoch(&full_epoch(&d, 0).await, n);
     let s = stats(&d).await;
     assert_eq!(
@@ -196,9 +187,7 @@ async fn a_full_scratch_budget_degrades_to_raw_and_warm_says_so() {
     let dir = dataset(n);
     let scratch = dir.path().join("scratch");
     // Room for two 8 KiB shards out of five.
-    let d = Daemon::start(config(dir.path(), &scratch, "budget_bytes = 16384", 0))
-        .await
-        .unwrap();
+    let d = start(dir.path(), &scratch, "budget_bytes = 16384", 0).await;
     let status = warm(&d).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert!(
@@ -229,9 +218,7 @@ async fn a_full_disk_degrades_to_raw_with_a_clear_reason() {
         eprintln!("SKIPPED: mounting a small tmpfs needs root");
         return;
     }
-    let d = Daemon::start(config(dir.path(), &scratch, "budget_bytes = 1000000000", 0))
-        .await
-        .unwrap();
+    let d = start(dir.path(), &scratch, "budget_bytes = 1000000000", 0).await;
     check_epoch(&full_epoch(&d, 0).await, n);
     let s = stats(&d).await;
     assert!(
@@ -374,9 +361,7 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
 async fn shards_of_a_dataset_no_longer_configured_are_removed() {
     let dir = dataset(100);
     let scratch = dir.path().join("scratch");
-    let d = Daemon::start(config(dir.path(), &scratch, "", 0))
-        .await
-        .unwrap();
+    let d = start(dir.path(), &scratch, "", 0).await;
     warm(&d).await.unwrap();
     let folder = d
         .catalog
@@ -403,9 +388,7 @@ async fn warming_while_clients_stream_is_safe() {
     let n = 3000;
     let dir = dataset(n);
     let scratch = dir.path().join("scratch");
-    let d = Daemon::start(config(dir.path(), &scratch, "", 0))
-        .await
-        .unwrap();
+    let d = start(dir.path(), &scratch, "", 0).await;
     let (progress, a, b) = tokio::join!(warm(&d), full_epoch(&d, 0), full_epoch(&d, 1));
     assert_eq!(progress.unwrap().last().unwrap().done, n);
     check_epoch(&a, n);
