@@ -63,6 +63,8 @@ pub struct Hdf5Source {
     shape: Vec<u32>,
     labels: Option<Vec<i64>>,
     disk_bytes: u64,
+    /// Bytes of one sample.
+    sample_bytes: usize,
     granule: u64,
 }
 
@@ -124,10 +126,10 @@ impl Hdf5Source {
         };
         let disk_bytes = dataset.storage_size();
         // Reading one sample of a chunked dataset reads (and decompresses) its whole chunk.
-        let sample_bytes = shape.iter().map(|&d| d as u64).product::<u64>().max(1);
+        let sample_bytes = shape.iter().map(|&d| d as usize).product::<usize>().max(1);
         let granule = match dataset.chunk() {
             Some(chunk) => chunk[0] as u64,
-            None => CONTIGUOUS_GRANULE_BYTES / sample_bytes,
+            None => CONTIGUOUS_GRANULE_BYTES / sample_bytes as u64,
         }
         .clamp(1, MAX_GRANULE);
         Ok(Hdf5Source {
@@ -138,6 +140,7 @@ impl Hdf5Source {
             shape,
             labels,
             disk_bytes,
+            sample_bytes,
             granule,
         })
     }
@@ -162,13 +165,10 @@ impl RawSource for Hdf5Source {
 
     fn read_range(&self, start: u64, count: u64) -> Result<Vec<Vec<u8>>> {
         let block = self.read_block(start, count)?;
-        let size = self
-            .shape
-            .iter()
-            .map(|&d| d as usize)
-            .product::<usize>()
-            .max(1);
-        Ok(block.chunks(size).map(<[u8]>::to_vec).collect())
+        Ok(block
+            .chunks(self.sample_bytes)
+            .map(<[u8]>::to_vec)
+            .collect())
     }
 
     fn read_granule(&self) -> u64 {
