@@ -58,12 +58,11 @@ impl Dataset {
         self.source.labels().map(|l| l[index as usize])
     }
 
-    /// Reads sample `index` from raw storage and preprocesses it (blocking).
-    pub fn load_raw(&self, index: u64) -> Result<Vec<u8>> {
-        let raw = self.source.read(index)?;
+    /// Preprocesses the raw bytes of sample `index` (blocking).
+    pub fn prepare(&self, index: u64, raw: Vec<u8>) -> Result<Vec<u8>> {
         self.preprocess
             .apply(raw)
-            .with_context(|| format!("preprocessing sample {index} of {:?}", self.name))
+            .with_context(|| format!("preprocessing sample {index} of dataset {:?}", self.name))
     }
 
     pub fn info(&self) -> crate::proto::DatasetInfo {

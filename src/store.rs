@@ -206,7 +206,7 @@ fn warm_chunk(ds: &Dataset, start: u64, count: u64) -> Result<(u64, u64, u64)> {
             .collect::<Result<_>>()?
     };
     for (i, bytes) in raw {
-        let data = preprocess(ds, i, bytes)?;
+        let data = ds.prepare(i, bytes)?;
         anyhow::ensure!(
             scratch.write(i, &data),
             "the scratch tier stopped taking samples at sample {i} of {:?} (budget or disk full; see the daemon's log)",
@@ -246,7 +246,7 @@ fn load_blocking(ds: &Dataset, locks: &[Mutex<()>], index: u64) -> Result<(Bytes
                 .read(index)
                 .with_context(|| format!("fetching sample {index} of dataset {:?}", ds.name))?;
             let raw_bytes = raw.len() as u64;
-            let data = preprocess(ds, index, raw)?;
+            let data = ds.prepare(index, raw)?;
             if let Some(scratch) = &ds.scratch {
                 scratch.write(index, &data);
             }
@@ -254,12 +254,6 @@ fn load_blocking(ds: &Dataset, locks: &[Mutex<()>], index: u64) -> Result<(Bytes
         }
     };
     Ok((Bytes::from(data), Tier::Raw, raw_bytes))
-}
-
-fn preprocess(ds: &Dataset, index: u64, raw: Vec<u8>) -> Result<Vec<u8>> {
-    ds.preprocess
-        .apply(raw)
-        .with_context(|| format!("preprocessing sample {index} of dataset {:?}", ds.name))
 }
 
 /// Sample `index`, read with the rest of its granule (the aligned range of samples the source
@@ -278,11 +272,7 @@ fn load_granule(ds: &Dataset, scratch: &ScratchTier, index: u64) -> Result<(Vec<
         )
     })?;
     let raw_bytes = raw.iter().map(|r| r.len() as u64).sum();
-    let data = preprocess(
-        ds,
-        index,
-        std::mem::take(&mut raw[(index - start) as usize]),
-    )?;
+    let data = ds.prepare(index, std::mem::take(&mut raw[(index - start) as usize]))?;
     scratch.write(index, &data);
     for (i, bytes) in (start..).zip(raw) {
         if i == index || scratch.contains(i) {
