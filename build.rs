@@ -4,6 +4,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     unsafe { std::env::set_var("PROTOC", protoc) };
     tonic_prost_build::configure()
         .bytes(".larder.v1.Batch.data")
+        .bytes(".larder.v1.FieldBatch.data")
         .compile_protos(&["proto/larder/v1/larder.proto"], &["proto"])?;
     println!("cargo:rerun-if-changed=proto/larder/v1/larder.proto");
     Ok(())

@@ -1,10 +1,11 @@
 //! The datasets the daemon serves, opened from the config.
 
-use crate::config::{DatasetConfig, ScratchConfig, SourceKind};
-use crate::preprocess::Preprocess;
+use crate::config::{DatasetConfig, ImageMode, ScratchConfig, SourceKind};
+use crate::fields::{Pairing, Resample, Schema};
+use crate::preprocess::{FieldOp, Preprocess};
 use crate::scratch::{fnv1a, ScratchSpace, ScratchTier};
-use crate::source::{Hdf5Source, ImageFolderSource, RawSource};
-use anyhow::{Context, Result};
+use crate::source::{Hdf5Source, ImageFolderSource, RawSample, RawSource};
+use anyhow::{bail, ensure, Context, Result};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -14,34 +15,37 @@ pub struct Dataset {
     pub name: String,
     pub source: Box<dyn RawSource>,
     pub preprocess: Preprocess,
-    /// Shape of one preprocessed sample.
-    pub shape: Vec<u32>,
-    /// Bytes of one preprocessed sample.
-    pub sample_bytes: u64,
+    /// The fields of every sample: what preprocessing makes and the tiers keep.
+    pub schema: Schema,
     /// The dataset's scratch shards, unless the scratch tier is off or could not be opened.
     pub scratch: Option<ScratchTier>,
 }
 
 impl Dataset {
-    pub fn new(id: u32, name: &str, source: Box<dyn RawSource>, preprocess: Preprocess) -> Dataset {
-        let shape = preprocess.shape();
+    pub fn new(
+        id: u32,
+        name: &str,
+        source: Box<dyn RawSource>,
+        preprocess: Preprocess,
+        schema: Schema,
+    ) -> Dataset {
         Dataset {
             id,
             name: name.to_string(),
             source,
-            sample_bytes: preprocess.sample_bytes(),
             preprocess,
-            shape,
+            schema,
             scratch: None,
         }
     }
 
-    /// Identifies the raw data and its preprocessing: scratch shards of another fingerprint
-    /// are out of date.
+    /// Identifies the raw data, its preprocessing and the fields: scratch shards of another
+    /// fingerprint are out of date.
     pub fn fingerprint(&self) -> u64 {
         fnv1a(&[
             self.source.version().as_bytes(),
             self.preprocess.describe().as_bytes(),
+            self.schema.describe().as_bytes(),
             &self.len().to_le_bytes(),
         ])
     }
@@ -54,25 +58,52 @@ impl Dataset {
         self.len() == 0
     }
 
-    pub fn label(&self, index: u64) -> Option<i64> {
-        self.source.labels().map(|l| l[index as usize])
-    }
-
-    /// Preprocesses the raw bytes of sample `index` (blocking).
-    pub fn prepare(&self, index: u64, raw: Vec<u8>) -> Result<Vec<u8>> {
+    /// Preprocesses the raw fields of sample `index` into its record (blocking).
+    pub fn prepare(&self, index: u64, raw: RawSample) -> Result<Vec<u8>> {
         self.preprocess
             .apply(raw)
-            .with_context(|| format!("preprocessing sample {index} of dataset {:?}", self.name))
+            .and_then(|values| self.schema.encode(&values))
+            .with_context(|| {
+                format!(
+                    "preprocessing {} of dataset {:?}",
+                    self.source.sample_name(index),
+                    self.name
+                )
+            })
+    }
+
+    /// Bytes of a record: exact when every field is fixed, else the raw data's average size
+    /// (a guess, for sizing scratch shards).
+    pub fn record_bytes_estimate(&self) -> u64 {
+        self.schema
+            .fixed_record_bytes()
+            .unwrap_or_else(|| self.source.disk_bytes() / self.len().max(1))
+            .max(1)
     }
 
     pub fn info(&self) -> crate::proto::DatasetInfo {
+        let first = &self.schema.fields[0];
+        let fields = self
+            .schema
+            .fields
+            .iter()
+            .map(|f| crate::proto::FieldInfo {
+                name: f.name.clone(),
+                dtype: f.dtype.name().to_string(),
+                shape: f.shape_i64(),
+                paired_with: f.pair.as_ref().map(|p| p.with.clone()).unwrap_or_default(),
+                scale: f.pair.as_ref().map_or(0, |p| p.scale),
+                resample: f.resample.name().to_string(),
+            })
+            .collect();
         crate::proto::DatasetInfo {
             name: self.name.clone(),
             num_samples: self.len(),
-            sample_shape: self.shape.clone(),
-            has_labels: self.source.labels().is_some(),
+            sample_shape: first.shape.iter().map(|d| d.unwrap_or(0)).collect(),
+            has_labels: self.schema.field("label").is_some(),
             source: self.source.describe(),
-            sample_bytes: self.sample_bytes,
+            sample_bytes: self.schema.fixed_record_bytes().unwrap_or(0),
+            fields,
         }
     }
 }
@@ -116,8 +147,8 @@ impl Catalog {
                 space,
                 &dataset.name,
                 dataset.fingerprint(),
-                dataset.sample_bytes,
                 dataset.len(),
+                dataset.record_bytes_estimate(),
                 shard_bytes,
             );
             match opened {
@@ -145,25 +176,89 @@ impl Catalog {
 }
 
 fn open_dataset(id: u32, c: &DatasetConfig) -> Result<Dataset> {
+    let fields = c.field_configs();
     Ok(match c.kind {
         SourceKind::Hdf5 => {
-            let source = Hdf5Source::open(&c.path, &c.samples, c.labels.as_deref())?;
-            let shape = source.sample_shape().unwrap_or_default().to_vec();
+            let source = Hdf5Source::open(&c.path, &fields)?;
+            if let (Some(labels), Some((_, label))) = (
+                &c.labels,
+                source
+                    .fields()
+                    .iter()
+                    .enumerate()
+                    .find(|(_, f)| f.name == "label"),
+            ) {
+                ensure!(
+                    label.shape.is_empty(),
+                    "label dataset {labels:?} has shape {:?} per sample; `labels` takes one class \
+                     id per sample: declare it as a [[dataset.field]] (a mask, say) instead",
+                    label
+                        .shape
+                        .iter()
+                        .map(|d| d.unwrap_or(0))
+                        .collect::<Vec<_>>()
+                );
+            }
+            let schema = Schema::new(source.fields().to_vec())?;
+            Dataset::new(id, &c.name, Box::new(source), Preprocess::Identity, schema)
+        }
+        SourceKind::Images => {
+            let source = ImageFolderSource::open(&c.path, &fields)?;
+            tracing::info!(dataset = %c.name, classes = source.classes.len(), images = source.len(), "image folder opened");
+            let reference = fields
+                .iter()
+                .find(|f| f.from.is_none())
+                .map(|f| f.name.clone());
+            let mut ops = vec![];
+            let mut specs = vec![];
+            for f in &fields {
+                if f.from.is_some() {
+                    ops.push(FieldOp::Keep);
+                    specs.push(FieldOp::Keep.field(&f.name, c.crop));
+                    continue;
+                }
+                let mode = f.mode.unwrap_or(ImageMode::Rgb);
+                let resample = f.resample.unwrap_or(match mode {
+                    ImageMode::Index => Resample::Nearest,
+                    _ => Resample::Linear,
+                });
+                let is_reference = reference.as_deref() == Some(f.name.as_str());
+                let scale = match &f.pair {
+                    Some(p) if is_reference => bail!("field {:?} is the reference image; pair the others with it", f.name),
+                    Some(p) if Some(&p.with) != reference.as_ref() => bail!(
+                        "field {:?} pairs with {:?}; in an image folder every image field pairs with the first one, {:?}",
+                        f.name, p.with, reference.as_deref().unwrap_or("")
+                    ),
+                    Some(p) => p.scale,
+                    None => 1,
+                };
+                let op = FieldOp::Decode {
+                    mode,
+                    scale,
+                    resample,
+                };
+                let mut spec = op.field(&f.name, c.crop);
+                if !is_reference {
+                    spec.pair = Some(Pairing {
+                        with: reference.clone().unwrap_or_default(),
+                        scale,
+                    });
+                }
+                ops.push(op);
+                specs.push(spec);
+            }
+            let preprocess = Preprocess::Images {
+                ops,
+                resize: c.resize,
+                crop: c.crop,
+            };
             Dataset::new(
                 id,
                 &c.name,
                 Box::new(source),
-                Preprocess::Identity { shape },
+                preprocess,
+                Schema::new(specs)?,
             )
-        }
-        SourceKind::Images => {
-            let source = ImageFolderSource::open(&c.path)?;
-            tracing::info!(dataset = %c.name, classes = source.classes.len(), images = source.len(), "image folder opened");
-            let preprocess = Preprocess::Image {
-                resize: c.resize,
-                crop: c.crop,
-            };
-            Dataset::new(id, &c.name, Box::new(source), preprocess)
         }
     })
 }

@@ -101,9 +101,9 @@ impl Default for ScratchConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SourceKind {
-    /// An HDF5 file with a uint8 dataset [N, ...] and optional integer labels [N].
+    /// An HDF5 file: each field is an HDF5 dataset [N, ...] (or a variable-length [N] one).
     Hdf5,
-    /// A folder of class subfolders holding JPEG/PNG images; the class is the label.
+    /// A folder of images (class subfolders, or flat), optionally with paired folders.
     Images,
 }
 
@@ -116,18 +116,134 @@ pub struct DatasetConfig {
     pub kind: SourceKind,
     /// The HDF5 file, or the image folder.
     pub path: PathBuf,
-    /// HDF5: dataset of samples, shaped [N, ...], uint8.
-    #[serde(default = "default_hdf5_samples")]
-    pub samples: String,
-    /// HDF5: optional dataset of integer labels, shaped [N].
+    /// Shorthand, HDF5: the dataset served as field "image" (default "images" when no
+    /// `[[dataset.field]]` is given).
+    #[serde(default)]
+    pub samples: Option<String>,
+    /// Shorthand, HDF5: an integer dataset [N] served as field "label", as int64.
     #[serde(default)]
     pub labels: Option<String>,
-    /// Images: the shorter side is resized to this many pixels...
+    /// Images: the shorter side is resized to this many pixels (0: kept as it is)...
     #[serde(default = "default_resize")]
     pub resize: u32,
-    /// ...then the center crop x crop pixels are kept, as uint8 [3, crop, crop].
+    /// ...then the center crop x crop pixels are kept (0: no crop, so images keep their own
+    /// aspect ratio and the field's H and W vary by sample).
     #[serde(default = "default_crop")]
     pub crop: u32,
+    /// The sample's fields, in order. Without any, the shorthand above applies.
+    #[serde(default, rename = "field")]
+    pub fields: Vec<FieldConfig>,
+}
+
+/// Where an image folder's field comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FieldFrom {
+    /// The index of the file's class subfolder among the sorted class names (int64 scalar).
+    Class,
+}
+
+/// How an image file is decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImageMode {
+    /// uint8 [3, H, W].
+    Rgb,
+    /// uint8 [1, H, W].
+    Gray,
+    /// uint8 [H, W]: palette indices of a palette PNG, or the values of a greyscale one (class
+    /// ids of a segmentation mask), never blended when resized.
+    Index,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairConfig {
+    /// The field this one is paired with.
+    pub with: String,
+    /// This field's H and W are `scale` times those of `with`.
+    #[serde(default = "default_scale")]
+    pub scale: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FieldConfig {
+    /// Name clients see.
+    pub name: String,
+    /// HDF5: the dataset in the file (default: the field's name).
+    #[serde(default)]
+    pub hdf5: Option<String>,
+    /// HDF5: read the values as this dtype (HDF5 converts once, when the sample is first read);
+    /// default: as stored.
+    #[serde(default)]
+    pub dtype: Option<crate::fields::DType>,
+    /// Images: the folder (relative to the dataset's path) whose files give this field, matched
+    /// by relative path without extension with the first image field's files. Default ".".
+    #[serde(default)]
+    pub folder: Option<PathBuf>,
+    /// Images: how files are decoded (default rgb).
+    #[serde(default)]
+    pub mode: Option<ImageMode>,
+    /// Images: a field that is not a file (the class label).
+    #[serde(default)]
+    pub from: Option<FieldFrom>,
+    /// Spatial pairing: this field is resized, cropped and flipped with `with`.
+    #[serde(default)]
+    pub pair: Option<PairConfig>,
+    /// How the field is resampled when resized: nearest or linear (default: linear for images
+    /// and float fields, nearest for integer ids and index masks).
+    #[serde(default)]
+    pub resample: Option<crate::fields::Resample>,
+}
+
+impl FieldConfig {
+    pub fn named(name: &str) -> FieldConfig {
+        FieldConfig {
+            name: name.to_string(),
+            hdf5: None,
+            dtype: None,
+            folder: None,
+            mode: None,
+            from: None,
+            pair: None,
+            resample: None,
+        }
+    }
+}
+
+impl DatasetConfig {
+    /// The fields to serve: the `[[dataset.field]]` tables, or what the shorthand means.
+    pub fn field_configs(&self) -> Vec<FieldConfig> {
+        if !self.fields.is_empty() {
+            return self.fields.clone();
+        }
+        let image = FieldConfig::named("image");
+        let label = FieldConfig::named("label");
+        match self.kind {
+            SourceKind::Hdf5 => {
+                let mut fields = vec![FieldConfig {
+                    hdf5: Some(self.samples.clone().unwrap_or_else(|| "images".into())),
+                    ..image
+                }];
+                if let Some(labels) = &self.labels {
+                    fields.push(FieldConfig {
+                        hdf5: Some(labels.clone()),
+                        dtype: Some(crate::fields::DType::Int64),
+                        ..label
+                    });
+                }
+                fields
+            }
+            SourceKind::Images => vec![
+                image,
+                FieldConfig {
+                    from: Some(FieldFrom::Class),
+                    ..label
+                },
+            ],
+        }
+    }
 }
 
 fn default_scratch_dir() -> PathBuf {
@@ -166,8 +282,8 @@ fn default_expansion_factor() -> f64 {
 fn default_watch_interval_ms() -> u64 {
     1000
 }
-fn default_hdf5_samples() -> String {
-    "images".to_string()
+fn default_scale() -> u32 {
+    1
 }
 
 impl Config {
@@ -238,12 +354,18 @@ impl Config {
             if !names.insert(d.name.as_str()) {
                 bail!("dataset name {:?} is declared twice", d.name);
             }
-            if d.kind == SourceKind::Images && (d.crop == 0 || d.resize < d.crop) {
+            if d.kind == SourceKind::Images && d.resize != 0 && d.resize < d.crop {
                 bail!(
-                    "dataset {:?}: need 0 < crop <= resize (crop = {}, resize = {})",
+                    "dataset {:?}: need crop <= resize (crop = {}, resize = {})",
                     d.name,
                     d.crop,
                     d.resize
+                );
+            }
+            if !d.fields.is_empty() && (d.samples.is_some() || d.labels.is_some()) {
+                bail!(
+                    "dataset {:?}: give either `samples`/`labels` or [[dataset.field]] tables, not both",
+                    d.name
                 );
             }
         }
@@ -294,6 +416,10 @@ mod tests {
         .unwrap();
         assert_eq!(c.budget_bytes(1 << 30), 1000);
         assert_eq!(c.datasets[0].labels.as_deref(), Some("y"));
+        let fields = c.datasets[0].field_configs();
+        assert_eq!(fields.len(), 2);
+        assert_eq!(fields[0].hdf5.as_deref(), Some("x"));
+        assert_eq!(fields[1].name, "label");
         assert_eq!(c.memory.expansion_factor, 2.0);
         assert_eq!(c.scratch.budget_bytes, Some(5000));
         assert_eq!(c.datasets[1].kind, SourceKind::Images);
@@ -313,6 +439,36 @@ mod tests {
         let crop = "listen=\"a\"\n[[dataset]]\nname=\"i\"\nkind=\"images\"\npath=\"p\"\nresize=100\ncrop=120";
         let err = format!("{:#}", Config::parse(crop).unwrap_err());
         assert!(err.contains("crop <= resize"), "{err}");
+        let both = "listen=\"a\"\n[[dataset]]\nname=\"i\"\npath=\"p\"\nlabels=\"y\"\n[[dataset.field]]\nname=\"x\"";
+        let err = format!("{:#}", Config::parse(both).unwrap_err());
+        assert!(err.contains("not both"), "{err}");
+    }
+
+    #[test]
+    fn fields_are_tables_with_pairs() {
+        let c = Config::parse(
+            r#"
+            listen = "127.0.0.1:1"
+            [[dataset]]
+            name = "sr"
+            path = "sr.h5"
+            [[dataset.field]]
+            name = "lr"
+            [[dataset.field]]
+            name = "hr"
+            pair = { with = "lr", scale = 4 }
+            [[dataset.field]]
+            name = "label"
+            hdf5 = "labels"
+            dtype = "int64"
+            "#,
+        )
+        .unwrap();
+        let f = c.datasets[0].field_configs();
+        assert_eq!(f.len(), 3);
+        assert_eq!(f[1].pair.as_ref().unwrap().scale, 4);
+        assert_eq!(f[2].dtype, Some(crate::fields::DType::Int64));
+        assert!(Config::parse("listen=\"a\"\n[[dataset]]\nname=\"i\"\npath=\"p\"\n[[dataset.field]]\nname=\"x\"\nbogus=1").is_err());
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod catalog;
 pub mod client;
 pub mod config;
 pub mod demo;
+pub mod fields;
 pub mod memory;
 pub mod metrics;
 pub mod preprocess;

@@ -2,33 +2,47 @@
 //! memory maps.
 //!
 //! Layout: `<scratch dir>/<dataset>-<fingerprint>/shard-NNNNNN.bin`. The fingerprint covers the
-//! raw data's version (path, size, mtime) and the preprocessing, so changed data is never served
-//! from old shards: their folder is removed at start. A shard file is a 64-byte header followed by
-//! fixed-size records, one per sample, at known offsets:
+//! raw data's version (path, size, mtime), the preprocessing and the fields, so changed data is
+//! never served from old shards: their folder is removed at start. Records have any size (a
+//! sample's record, see `fields`). A shard file is allocated whole when created (a full disk
+//! fails there, not on a read of a mapped hole) and filled from both ends: records from the
+//! front, their index entries from the back.
 //!
 //! ```text
-//! header: "LARDSHD1" | fingerprint u64 | sample_bytes u64 | first_index u64 | records u64 | 0...
-//! record: magic u32 "LRD1" | crc32(index u64 LE ++ payload) u32 | payload [sample_bytes]
+//! header (64 bytes): "LARDSHD2" | fingerprint u64 | shard number u64 | capacity u64 | 0...
+//! records:           payload bytes, back to back, from byte 64 on
+//! entry k (24 bytes, at capacity - 24 (k + 1)):
+//!     sample u64 | offset u32 | len u32 | crc32(sample LE ++ payload) u32 | crc32(the first 20 bytes) u32
 //! ```
 //!
-//! A record of zeros is absent (shard files are allocated whole when created). A record with a wrong magic or checksum,
-//! or cut off by a truncated file, is corrupt: never served, counted, and refetched from raw
-//! storage (which rewrites it). A restarted daemon serves every valid record it finds.
+//! A record's payload is written before its entry, and a reader finds it only through the
+//! in-memory index, which is set after both: a record is never seen half written. An entry of
+//! zeros is absent (a crash between reserving and writing leaves such a hole, which is skipped);
+//! an entry or payload whose checksum fails, or that a truncated file cut off, is corrupt: never
+//! served, counted, and refetched from raw storage, which appends a new copy. A restarted daemon
+//! rebuilds its index from the entries alone, without reading the records, and serves every
+//! valid record it finds; the last entry of a sample wins.
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{Context, Result};
 use bytes::Bytes;
 use memmap2::Mmap;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-const FILE_MAGIC: &[u8; 8] = b"LARDSHD1";
+const FILE_MAGIC: &[u8; 8] = b"LARDSHD2";
 const HEADER_BYTES: u64 = 64;
-const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"LRD1");
-const RECORD_HEADER: u64 = 8;
+/// Bytes of one index entry.
+pub const ENTRY_BYTES: u64 = 24;
+/// Zero entries in a row a restart scans past (holes left by writes a crash interrupted; at most
+/// one per concurrent writer) before it takes the rest of the entry area as unused.
+const MAX_HOLES: u64 = 256;
+/// The largest shard: entries address payloads with 32-bit offsets.
+pub const MAX_SHARD_BYTES: u64 = u32::MAX as u64;
 /// After a write failure, how long the tier waits before trying to write again.
 const RETRY_WRITES_AFTER: Duration = Duration::from_secs(60);
 
@@ -162,11 +176,20 @@ impl ScratchSpace {
 }
 
 struct Shard {
+    number: u64,
     file: File,
     map: Mmap,
-    first: u64,
-    /// Readers never see a record half written (warming writes beside the streams' fetches).
-    records: RwLock<()>,
+    capacity: u64,
+}
+
+/// Where the next record of the shard being filled goes.
+struct Appender {
+    /// The shard being filled, if any.
+    shard: Option<Arc<Shard>>,
+    /// Next free payload byte.
+    tail: u64,
+    /// Next free entry.
+    slot: u64,
 }
 
 /// One dataset's shards.
@@ -174,30 +197,89 @@ pub struct ScratchTier {
     space: Arc<ScratchSpace>,
     dir: PathBuf,
     fingerprint: u64,
-    sample_bytes: u64,
-    records_per_shard: u64,
     len: u64,
-    shards: Vec<Mutex<Option<Arc<Shard>>>>,
+    /// Size of a new shard (capped by what the rest of the dataset needs).
+    shard_bytes: u64,
+    /// Bytes of a record, as expected before any is written.
+    record_estimate: u64,
+    /// Every shard, by number.
+    shards: RwLock<Vec<Arc<Shard>>>,
+    /// Per sample: 0 if absent, else (shard number + 1) << 32 | entry number.
+    index: Vec<AtomicU64>,
+    /// Records stored and their payload bytes (for sizing new shards).
+    stored: AtomicU64,
+    stored_bytes: AtomicU64,
+    appender: Mutex<Appender>,
 }
 
-/// What a record slot holds.
+/// An index entry.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Entry {
+    sample: u64,
+    offset: u32,
+    len: u32,
+    crc: u32,
+}
+
+impl Entry {
+    fn encode(&self) -> [u8; ENTRY_BYTES as usize] {
+        let mut e = [0u8; ENTRY_BYTES as usize];
+        e[0..8].copy_from_slice(&self.sample.to_le_bytes());
+        e[8..12].copy_from_slice(&self.offset.to_le_bytes());
+        e[12..16].copy_from_slice(&self.len.to_le_bytes());
+        e[16..20].copy_from_slice(&self.crc.to_le_bytes());
+        let check = crc32fast::hash(&e[0..20]);
+        e[20..24].copy_from_slice(&check.to_le_bytes());
+        e
+    }
+
+    /// None for an absent entry (zeros), Err for a corrupt one.
+    fn decode(e: &[u8]) -> Option<Result<Entry, ()>> {
+        if e.iter().all(|&b| b == 0) {
+            return None;
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(e[i..i + 4].try_into().unwrap());
+        if crc32fast::hash(&e[0..20]) != u32_at(20) {
+            return Some(Err(()));
+        }
+        Some(Ok(Entry {
+            sample: u64::from_le_bytes(e[0..8].try_into().unwrap()),
+            offset: u32_at(8),
+            len: u32_at(12),
+            crc: u32_at(16),
+        }))
+    }
+}
+
+/// What the index says of a sample.
 enum Record<'a> {
-    Absent,
     Corrupt(&'static str),
     Valid(&'a [u8]),
 }
 
+fn entry_pos(capacity: u64, slot: u64) -> u64 {
+    capacity - ENTRY_BYTES * (slot + 1)
+}
+
+fn pack(shard: u64, slot: u64) -> u64 {
+    (shard + 1) << 32 | slot
+}
+
+fn unpack(loc: u64) -> (u64, u64) {
+    ((loc >> 32) - 1, loc & 0xFFFF_FFFF)
+}
+
 impl ScratchTier {
-    /// Opens a dataset's shards, removing shards of other versions of the dataset.
+    /// Opens a dataset's shards (indexing the records they hold) for `len` samples whose records
+    /// take about `record_estimate` bytes each.
     pub fn open(
         space: &Arc<ScratchSpace>,
         dataset: &str,
         fingerprint: u64,
-        sample_bytes: u64,
         len: u64,
+        record_estimate: u64,
         shard_bytes: u64,
     ) -> Result<ScratchTier> {
-        ensure!(sample_bytes > 0, "samples of 0 bytes cannot be stored");
         let safe: String = dataset
             .chars()
             .map(|c| {
@@ -211,27 +293,41 @@ impl ScratchTier {
         let dir = space.root.join(format!("{safe}-{fingerprint:016x}"));
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("creating scratch folder {}", dir.display()))?;
-        let record_bytes = RECORD_HEADER + sample_bytes;
-        let records_per_shard = ((shard_bytes - HEADER_BYTES) / record_bytes).max(1);
-        let num_shards = len.div_ceil(records_per_shard);
         let tier = ScratchTier {
             space: space.clone(),
             dir,
             fingerprint,
-            sample_bytes,
-            records_per_shard,
             len,
-            shards: (0..num_shards).map(|_| Mutex::new(None)).collect(),
+            shard_bytes: shard_bytes.clamp(HEADER_BYTES + ENTRY_BYTES + 1, MAX_SHARD_BYTES),
+            record_estimate: record_estimate.max(1),
+            shards: RwLock::new(vec![]),
+            index: (0..len).map(|_| AtomicU64::new(0)).collect(),
+            stored: AtomicU64::new(0),
+            stored_bytes: AtomicU64::new(0),
+            appender: Mutex::new(Appender {
+                shard: None,
+                tail: 0,
+                slot: 0,
+            }),
         };
-        let mut found = 0;
-        for s in 0..num_shards {
-            if let Some(shard) = tier.open_existing(s) {
-                space.used.fetch_add(shard.map.len() as u64, Relaxed);
-                *tier.shards[s as usize].lock().unwrap() = Some(Arc::new(shard));
-                found += 1;
-            }
+        let (mut found, mut records) = (0, 0);
+        loop {
+            let number = found;
+            let Some((shard, count)) = tier.open_existing(number) else {
+                break;
+            };
+            space.used.fetch_add(shard.capacity, Relaxed);
+            tier.shards.write().unwrap().push(Arc::new(shard));
+            records += count;
+            found += 1;
         }
-        tracing::info!(dataset, dir = %tier.dir.display(), shards = num_shards, found, "scratch tier opened");
+        // Shards past a missing one cannot be numbered again: remove them.
+        for stray in tier.shard_files().into_iter().skip(found as usize) {
+            let _ = std::fs::remove_file(stray);
+        }
+        let held = tier.index.iter().filter(|l| l.load(Relaxed) != 0).count();
+        tier.stored.store(held as u64, Relaxed);
+        tracing::info!(dataset, dir = %tier.dir.display(), shards = found, records, samples = held, "scratch tier opened");
         Ok(tier)
     }
 
@@ -239,72 +335,76 @@ impl ScratchTier {
         self.dir.join(format!("shard-{s:06}.bin"))
     }
 
-    /// Records in shard `s`, and its size in bytes.
-    fn shard_extent(&self, s: u64) -> (u64, u64) {
-        let first = s * self.records_per_shard;
-        let records = self.records_per_shard.min(self.len - first);
-        (
-            records,
-            HEADER_BYTES + records * (RECORD_HEADER + self.sample_bytes),
-        )
-    }
-
-    fn header(&self, s: u64) -> [u8; HEADER_BYTES as usize] {
-        let (records, _) = self.shard_extent(s);
+    fn header(&self, number: u64, capacity: u64) -> [u8; HEADER_BYTES as usize] {
         let mut h = [0u8; HEADER_BYTES as usize];
         h[0..8].copy_from_slice(FILE_MAGIC);
-        for (i, v) in [
-            self.fingerprint,
-            self.sample_bytes,
-            s * self.records_per_shard,
-            records,
-        ]
-        .iter()
-        .enumerate()
-        {
+        for (i, v) in [self.fingerprint, number, capacity].iter().enumerate() {
             h[8 + 8 * i..16 + 8 * i].copy_from_slice(&v.to_le_bytes());
         }
         h
     }
 
-    /// Opens shard `s` if its file exists with the right header; a file with a wrong header is
-    /// removed, a short one extended (its missing records read as absent).
-    fn open_existing(&self, s: u64) -> Option<Shard> {
-        let path = self.shard_path(s);
+    /// Opens shard `number` if its file exists, whole, with the right header, and indexes its
+    /// entries: (shard, records found). A file with a wrong header or size is removed.
+    fn open_existing(&self, number: u64) -> Option<(Shard, u64)> {
+        let path = self.shard_path(number);
         let file = OpenOptions::new().read(true).write(true).open(&path).ok()?;
-        let (_, size) = self.shard_extent(s);
         let mut header = [0u8; HEADER_BYTES as usize];
-        if file.read_exact_at(&mut header, 0).is_err() || header != self.header(s) {
-            tracing::warn!(path = %path.display(), "scratch shard has a bad header; removing it");
-            let _ = std::fs::remove_file(&path);
-            return None;
-        }
         let len = file.metadata().ok()?.len();
-        if len != size {
-            tracing::warn!(path = %path.display(), len, expected = size, "scratch shard has the wrong size; its missing records will be refetched");
-            file.set_len(size.min(len)).ok()?;
-        }
-        // Allocate every block now: a hole in a mapped file on a full disk (tmpfs above all)
-        // faults when read instead of failing cleanly.
-        if let Err(e) = allocate(&file, size) {
-            self.space.pause_writes(io_failure(e, &path));
+        let read = file.read_exact_at(&mut header, 0);
+        let capacity = u64::from_le_bytes(header[24..32].try_into().unwrap());
+        if read.is_err() || header != self.header(number, capacity) || capacity != len {
+            tracing::warn!(path = %path.display(), len, "scratch shard has a bad header or was cut short; removing it (its samples will be refetched)");
+            let _ = std::fs::remove_file(&path);
             return None;
         }
         // SAFETY: the daemon owns its scratch folder; a file cut short behind its back is caught
         // by the length check before every read.
         let map = unsafe { Mmap::map(&file) }.ok()?;
-        Some(Shard {
+        let shard = Shard {
+            number,
             file,
             map,
-            first: s * self.records_per_shard,
-            records: RwLock::new(()),
-        })
+            capacity,
+        };
+        let (mut data_end, mut slot, mut holes, mut records) = (HEADER_BYTES, 0u64, 0u64, 0u64);
+        let mut last = None;
+        while ENTRY_BYTES * (slot + 1) + data_end <= capacity && holes <= MAX_HOLES {
+            let pos = entry_pos(capacity, slot) as usize;
+            match Entry::decode(&shard.map[pos..pos + ENTRY_BYTES as usize]) {
+                None => holes += 1,
+                Some(Err(())) => {
+                    holes = 0;
+                    self.space.corrupt.fetch_add(1, Relaxed);
+                    tracing::warn!(path = %path.display(), slot, "corrupt scratch index entry; skipping it");
+                }
+                Some(Ok(e)) => {
+                    holes = 0;
+                    let end = e.offset as u64 + e.len as u64;
+                    if e.sample < self.len
+                        && e.offset as u64 >= HEADER_BYTES
+                        && end <= entry_pos(capacity, slot)
+                    {
+                        self.index[e.sample as usize].store(pack(number, slot), Relaxed);
+                        self.stored_bytes.fetch_add(e.len as u64, Relaxed);
+                        data_end = data_end.max(end);
+                        records += 1;
+                        last = Some(slot);
+                    }
+                }
+            }
+            slot += 1;
+        }
+        // The last shard is the one to go on filling.
+        let mut appender = self.appender.lock().unwrap();
+        appender.tail = data_end;
+        appender.slot = last.map_or(0, |s| s + 1);
+        Some((shard, records))
     }
 
-    /// Creates shard `s` with all its blocks allocated (so a full disk fails here, not later).
-    fn create(&self, s: u64) -> Result<Shard> {
-        let path = self.shard_path(s);
-        let (_, size) = self.shard_extent(s);
+    /// Creates shard `number` of `capacity` bytes, all its blocks allocated.
+    fn create(&self, number: u64, capacity: u64) -> Result<Shard> {
+        let path = self.shard_path(number);
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -312,9 +412,8 @@ impl ScratchTier {
             .truncate(true)
             .open(&path)
             .with_context(|| format!("creating {}", path.display()))?;
-        let result = file
-            .write_all_at(&self.header(s), 0)
-            .and_then(|()| allocate(&file, size));
+        let result = allocate(&file, capacity)
+            .and_then(|()| file.write_all_at(&self.header(number, capacity), 0));
         if let Err(e) = result {
             let _ = std::fs::remove_file(&path);
             return Err(anyhow::anyhow!(io_failure(e, &path)));
@@ -323,119 +422,190 @@ impl ScratchTier {
         let map =
             unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
         Ok(Shard {
+            number,
             file,
             map,
-            first: s * self.records_per_shard,
-            records: RwLock::new(()),
+            capacity,
         })
     }
 
-    fn shard(&self, index: u64, create: bool) -> Option<Arc<Shard>> {
-        if index >= self.len {
+    /// Bytes a new shard gets: the configured size, or what the samples not yet stored need if
+    /// that is less, and at least room for a record of `need` bytes.
+    fn new_shard_capacity(&self, need: u64) -> u64 {
+        let stored = self.stored.load(Relaxed);
+        let per_record = match stored {
+            0 => self.record_estimate,
+            n => self.stored_bytes.load(Relaxed) / n,
+        } + ENTRY_BYTES;
+        let rest = HEADER_BYTES + self.len.saturating_sub(stored).max(1) * per_record;
+        self.shard_bytes
+            .min(rest)
+            .max(HEADER_BYTES + need + ENTRY_BYTES)
+    }
+
+    /// Room for a record of `len` bytes: (shard, payload offset, entry number); a new shard is
+    /// created when the one being filled is full. None when the budget or the disk is full.
+    fn reserve(&self, len: u64) -> Option<(Arc<Shard>, u64, u64)> {
+        if HEADER_BYTES + len + ENTRY_BYTES > MAX_SHARD_BYTES {
             return None;
         }
-        let s = index / self.records_per_shard;
-        let mut slot = self.shards[s as usize]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if slot.is_none() && create {
-            let (_, size) = self.shard_extent(s);
-            if !self.space.reserve(size) {
+        let mut a = self.appender.lock().unwrap_or_else(|e| e.into_inner());
+        if a.shard.is_none() {
+            a.shard = self.shards.read().unwrap().last().cloned();
+        }
+        let fits = |a: &Appender| {
+            a.shard
+                .as_ref()
+                .is_some_and(|s| a.tail + len + ENTRY_BYTES * (a.slot + 1) <= s.capacity)
+        };
+        if !fits(&a) {
+            let capacity = self.new_shard_capacity(len);
+            if !self.space.reserve(capacity) {
                 return None;
             }
-            match self.create(s) {
-                Ok(shard) => *slot = Some(Arc::new(shard)),
+            let mut shards = self.shards.write().unwrap_or_else(|e| e.into_inner());
+            let number = shards.len() as u64;
+            match self.create(number, capacity) {
+                Ok(shard) => {
+                    let shard = Arc::new(shard);
+                    shards.push(shard.clone());
+                    *a = Appender {
+                        shard: Some(shard),
+                        tail: HEADER_BYTES,
+                        slot: 0,
+                    };
+                }
                 Err(e) => {
-                    self.space.used.fetch_sub(size, Relaxed);
+                    self.space.used.fetch_sub(capacity, Relaxed);
                     self.space.pause_writes(e.to_string());
+                    return None;
                 }
             }
         }
-        slot.clone()
+        let shard = a.shard.clone()?;
+        let (offset, slot) = (a.tail, a.slot);
+        a.tail += len;
+        a.slot += 1;
+        Some((shard, offset, slot))
     }
 
-    fn offset(&self, shard: &Shard, index: u64) -> u64 {
-        HEADER_BYTES + (index - shard.first) * (RECORD_HEADER + self.sample_bytes)
+    fn shard(&self, number: u64) -> Option<Arc<Shard>> {
+        self.shards
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(number as usize)
+            .cloned()
     }
 
-    fn record<'a>(&self, shard: &'a Shard, index: u64) -> Record<'a> {
-        let off = self.offset(shard, index);
-        let end = off + RECORD_HEADER + self.sample_bytes;
+    /// The record of `index` in `shard` at entry `slot`.
+    fn record<'a>(&self, shard: &'a Shard, slot: u64, index: u64) -> Record<'a> {
         // Reading a mapped page past the end of the file would fault: check the file first.
         let file_len = shard.file.metadata().map(|m| m.len()).unwrap_or(0);
-        if end > file_len || end > shard.map.len() as u64 {
+        let pos = entry_pos(shard.capacity, slot);
+        if pos + ENTRY_BYTES > file_len {
             return Record::Corrupt("truncated");
         }
-        let rec = &shard.map[off as usize..end as usize];
-        let magic = u32::from_le_bytes(rec[0..4].try_into().unwrap());
-        let crc = u32::from_le_bytes(rec[4..8].try_into().unwrap());
-        let payload = &rec[RECORD_HEADER as usize..];
-        if magic == 0 && crc == 0 {
-            return Record::Absent;
+        let e = match Entry::decode(&shard.map[pos as usize..(pos + ENTRY_BYTES) as usize]) {
+            None => return Record::Corrupt("index entry gone"),
+            Some(Err(())) => return Record::Corrupt("index entry checksum mismatch"),
+            Some(Ok(e)) => e,
+        };
+        let (start, end) = (e.offset as u64, e.offset as u64 + e.len as u64);
+        if e.sample != index || start < HEADER_BYTES || end > pos {
+            return Record::Corrupt("index entry names another record");
         }
-        if magic != RECORD_MAGIC {
-            return Record::Corrupt("bad record magic");
+        if end > file_len {
+            return Record::Corrupt("truncated");
         }
-        if crc != checksum(index, payload) {
+        let payload = &shard.map[start as usize..end as usize];
+        if checksum(index, payload) != e.crc {
             return Record::Corrupt("checksum mismatch");
         }
         Record::Valid(payload)
     }
 
-    /// The sample, if the tier holds a valid copy. Corrupt records are counted and logged.
-    pub fn read(&self, index: u64) -> Option<Bytes> {
-        let shard = self.shard(index, false)?;
-        let _reading = shard.records.read().unwrap_or_else(|e| e.into_inner());
-        match self.record(&shard, index) {
-            Record::Valid(payload) => Some(Bytes::copy_from_slice(payload)),
-            Record::Absent => None,
+    /// Looks the sample up: its bytes, None if absent. A corrupt record is counted, logged and
+    /// forgotten, so that it is refetched.
+    fn lookup<T>(&self, index: u64, f: impl FnOnce(&[u8]) -> T) -> Option<T> {
+        let loc = self.index.get(index as usize)?.load(Ordering::Acquire);
+        if loc == 0 {
+            return None;
+        }
+        let (number, slot) = unpack(loc);
+        let shard = self.shard(number)?;
+        match self.record(&shard, slot, index) {
+            Record::Valid(payload) => Some(f(payload)),
             Record::Corrupt(why) => {
-                self.space.corrupt.fetch_add(1, Relaxed);
-                tracing::warn!(dir = %self.dir.display(), index, why, "corrupt scratch record; refetching from raw storage");
+                // Forget it, unless a fresh copy was written meanwhile.
+                if self.index[index as usize]
+                    .compare_exchange(loc, 0, Relaxed, Relaxed)
+                    .is_ok()
+                {
+                    self.stored.fetch_sub(1, Relaxed);
+                    self.space.corrupt.fetch_add(1, Relaxed);
+                    tracing::warn!(dir = %self.dir.display(), index, why, "corrupt scratch record; refetching from raw storage");
+                }
                 None
             }
         }
     }
 
+    /// The sample's record, if the tier holds a valid copy.
+    pub fn read(&self, index: u64) -> Option<Bytes> {
+        self.lookup(index, Bytes::copy_from_slice)
+    }
+
     /// Whether the tier holds a valid copy of the sample.
     pub fn contains(&self, index: u64) -> bool {
-        self.shard(index, false).is_some_and(|s| {
-            let _reading = s.records.read().unwrap_or_else(|e| e.into_inner());
-            matches!(self.record(&s, index), Record::Valid(_))
-        })
+        self.lookup(index, |_| ()).is_some()
     }
 
-    /// Whether a write of sample `index` would be taken now: writes are not paused, and its
-    /// shard exists or fits in the budget (it is created).
-    pub fn accepts_writes(&self, index: u64) -> bool {
-        !self.space.writes_paused() && self.shard(index, true).is_some()
+    /// Whether a write would be taken now: writes are not paused and the budget has room for
+    /// another shard or the shard being filled has room.
+    pub fn accepts_writes(&self, _index: u64) -> bool {
+        if self.space.writes_paused() {
+            return false;
+        }
+        let room = {
+            let a = self.appender.lock().unwrap_or_else(|e| e.into_inner());
+            a.shard.as_ref().is_some_and(|s| {
+                a.tail + self.record_estimate + ENTRY_BYTES * (a.slot + 1) <= s.capacity
+            })
+        };
+        room || self.space.used.load(Relaxed) + self.new_shard_capacity(self.record_estimate)
+            <= self.space.budget
     }
 
-    /// Stores a sample. Returns whether it was written; a full budget or disk is not an error:
-    /// the sample is still served, from the other tiers.
+    /// Stores a sample's record. Returns whether it was written; a full budget or disk is not
+    /// an error: the sample is still served, from the other tiers.
     pub fn write(&self, index: u64, data: &[u8]) -> bool {
-        if data.len() as u64 != self.sample_bytes || self.space.writes_paused() {
+        if index >= self.len || self.space.writes_paused() {
             return false;
         }
-        let Some(shard) = self.shard(index, true) else {
+        let Some((shard, offset, slot)) = self.reserve(data.len() as u64) else {
             return false;
         };
-        let mut rec = Vec::with_capacity((RECORD_HEADER + self.sample_bytes) as usize);
-        rec.extend_from_slice(&RECORD_MAGIC.to_le_bytes());
-        rec.extend_from_slice(&checksum(index, data).to_le_bytes());
-        rec.extend_from_slice(data);
-        let written = {
-            let _writing = shard.records.write().unwrap_or_else(|e| e.into_inner());
-            shard.file.write_all_at(&rec, self.offset(&shard, index))
+        let entry = Entry {
+            sample: index,
+            offset: offset as u32,
+            len: data.len() as u32,
+            crc: checksum(index, data),
         };
-        match written {
-            Ok(()) => true,
-            Err(e) => {
-                let (path, _) = self.locate(index);
-                self.space.pause_writes(io_failure(e, &path));
-                false
-            }
+        let written = shard.file.write_all_at(data, offset).and_then(|()| {
+            shard
+                .file
+                .write_all_at(&entry.encode(), entry_pos(shard.capacity, slot))
+        });
+        if let Err(e) = written {
+            self.space
+                .pause_writes(io_failure(e, &self.shard_path(shard.number)));
+            return false;
         }
+        if self.index[index as usize].swap(pack(shard.number, slot), Ordering::Release) == 0 {
+            self.stored.fetch_add(1, Relaxed);
+        }
+        self.stored_bytes.fetch_add(data.len() as u64, Relaxed);
+        true
     }
 
     /// The folder holding this dataset's shards.
@@ -453,18 +623,29 @@ impl ScratchTier {
 
     /// The shard files, for tests and tools.
     pub fn shard_files(&self) -> Vec<PathBuf> {
-        (0..self.shards.len() as u64)
-            .map(|s| self.shard_path(s))
-            .filter(|p| p.exists())
-            .collect()
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&self.dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        files.retain(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("shard-"))
+        });
+        files.sort();
+        files
     }
 
-    /// Where record `index` lives: (file, byte offset of its payload).
-    pub fn locate(&self, index: u64) -> (PathBuf, u64) {
-        let s = index / self.records_per_shard;
-        let first = s * self.records_per_shard;
-        let off = HEADER_BYTES + (index - first) * (RECORD_HEADER + self.sample_bytes);
-        (self.shard_path(s), off + RECORD_HEADER)
+    /// Where the record of sample `index` lives now: (file, byte offset of its payload, byte
+    /// offset of its index entry).
+    pub fn locate(&self, index: u64) -> Option<(PathBuf, u64, u64)> {
+        let loc = self.index.get(index as usize)?.load(Relaxed);
+        if loc == 0 {
+            return None;
+        }
+        let (number, slot) = unpack(loc);
+        let shard = self.shard(number)?;
+        let pos = entry_pos(shard.capacity, slot) as usize;
+        let e = Entry::decode(&shard.map[pos..pos + ENTRY_BYTES as usize])?.ok()?;
+        Some((self.shard_path(number), e.offset as u64, pos as u64))
     }
 }
 
@@ -498,9 +679,12 @@ fn checksum(index: u64, payload: &[u8]) -> u32 {
 mod tests {
     use super::*;
 
+    /// Bytes of a shard of 4 records of 16 bytes.
+    const SHARD4: u64 = HEADER_BYTES + 4 * (16 + ENTRY_BYTES);
+
     fn tier(space: &Arc<ScratchSpace>, fp: u64) -> ScratchTier {
         // 10 samples of 16 bytes, 4 records per shard: shards of 4, 4 and 2 records.
-        ScratchTier::open(space, "ds", fp, 16, 10, HEADER_BYTES + 4 * 24).unwrap()
+        ScratchTier::open(space, "ds", fp, 10, 16, SHARD4).unwrap()
     }
 
     fn sample(i: u64) -> Vec<u8> {
@@ -519,7 +703,11 @@ mod tests {
         assert_eq!(t.read(9).unwrap(), sample(9));
         assert_eq!(t.shard_files().len(), 3);
         let used = space.snapshot().used;
-        assert_eq!(used, 3 * HEADER_BYTES + 10 * 24);
+        assert_eq!(
+            used,
+            3 * HEADER_BYTES + 10 * (16 + ENTRY_BYTES),
+            "the last shard is sized to fit"
+        );
         drop(t);
 
         let space = ScratchSpace::open(dir.path(), Some(1 << 20)).unwrap();
@@ -549,6 +737,51 @@ mod tests {
     }
 
     #[test]
+    fn records_of_any_size_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let space = ScratchSpace::open(dir.path(), Some(1 << 20)).unwrap();
+        let record = |i: u64| vec![i as u8; (i * i % 37) as usize];
+        let t = ScratchTier::open(&space, "v", 1, 50, 20, 300).unwrap();
+        for i in (0..50).rev() {
+            assert!(t.write(i, &record(i)), "record {i}");
+        }
+        assert!(t.shard_files().len() > 3);
+        assert!((0..50).all(|i| t.read(i).unwrap() == record(i)));
+        drop(t);
+        let t = ScratchTier::open(&space, "v", 1, 50, 20, 300).unwrap();
+        assert!((0..50).all(|i| t.read(i).unwrap() == record(i)));
+        // A rewrite appends a new copy; the last one wins, after a restart too.
+        assert!(t.write(7, b"seven"));
+        assert_eq!(t.read(7).unwrap(), &b"seven"[..]);
+        drop(t);
+        let t = ScratchTier::open(&space, "v", 1, 50, 20, 300).unwrap();
+        assert_eq!(t.read(7).unwrap(), &b"seven"[..]);
+    }
+
+    #[test]
+    fn a_crash_between_reserving_and_writing_leaves_a_hole_that_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let space = ScratchSpace::open(dir.path(), Some(1 << 20)).unwrap();
+        let t = ScratchTier::open(&space, "c", 1, 10, 16, 4096).unwrap();
+        for i in 0..10 {
+            t.write(i, &sample(i));
+        }
+        // As if the writer of sample 4 had died before writing its entry.
+        let (path, _, entry) = t.locate(4).unwrap();
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all_at(&[0; ENTRY_BYTES as usize], entry).unwrap();
+        drop(t);
+        let t = ScratchTier::open(&space, "c", 1, 10, 16, 4096).unwrap();
+        assert!(t.read(4).is_none(), "the hole is absent");
+        assert!((0..10)
+            .filter(|&i| i != 4)
+            .all(|i| t.read(i).unwrap() == sample(i)));
+        assert!(t.write(4, &sample(4)));
+        assert_eq!(t.read(4).unwrap(), sample(4));
+        assert_eq!(space.snapshot().corrupt, 0);
+    }
+
+    #[test]
     fn corrupt_and_truncated_records_are_never_served() {
         let dir = tempfile::tempdir().unwrap();
         let space = ScratchSpace::open(dir.path(), Some(1 << 20)).unwrap();
@@ -556,37 +789,76 @@ mod tests {
         for i in 0..10 {
             t.write(i, &sample(i));
         }
-        let (path, off) = t.locate(5);
+        let (path, payload, _) = t.locate(5).unwrap();
         let f = OpenOptions::new().write(true).open(&path).unwrap();
-        f.write_all_at(&[0xAA], off + 3).unwrap();
+        f.write_all_at(&[0xAA], payload + 3).unwrap();
         assert!(t.read(5).is_none());
         assert_eq!(space.snapshot().corrupt, 1);
-        assert!(t.write(5, &sample(5)), "a refetched sample overwrites it");
+        assert!(!t.contains(5), "forgotten, so it is refetched");
+        assert!(
+            t.write(5, &sample(5)),
+            "a refetched sample is written again"
+        );
         assert_eq!(t.read(5).unwrap(), sample(5));
-        // Cut the last shard in the middle of its second record.
-        let (path, off) = t.locate(9);
+        // A corrupt index entry.
+        let (path, _, entry) = t.locate(2).unwrap();
         OpenOptions::new()
             .write(true)
             .open(&path)
             .unwrap()
-            .set_len(off + 4)
+            .write_all_at(&[0x55], entry + 9)
             .unwrap();
-        assert_eq!(t.read(8).unwrap(), sample(8));
-        assert!(t.read(9).is_none());
+        assert!(t.read(2).is_none());
         assert_eq!(space.snapshot().corrupt, 2);
+        // Cut the last shard short: its records are gone, never misread.
+        let (path, payload, _) = t.locate(9).unwrap();
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(payload + 4)
+            .unwrap();
+        assert!(t.read(9).is_none());
+        assert_eq!(space.snapshot().corrupt, 3);
+        drop(t);
+        let space = ScratchSpace::open(dir.path(), Some(1 << 20)).unwrap();
+        let t = tier(&space, 1);
+        assert!(t.read(9).is_none(), "a cut shard is removed at start");
+        assert_eq!(t.read(0).unwrap(), sample(0));
     }
 
     #[test]
     fn a_full_budget_stops_writes_without_failing() {
         let dir = tempfile::tempdir().unwrap();
         // Room for the first shard only.
-        let space = ScratchSpace::open(dir.path(), Some(HEADER_BYTES + 4 * 24)).unwrap();
+        let space = ScratchSpace::open(dir.path(), Some(SHARD4)).unwrap();
         let t = tier(&space, 1);
-        assert!(t.write(0, &sample(0)));
+        for i in 0..4 {
+            assert!(t.write(i, &sample(i)));
+        }
+        assert!(!t.accepts_writes(4));
         assert!(!t.write(4, &sample(4)));
         assert!(t.read(4).is_none());
-        assert!(!t.write(1, &[1, 2, 3]), "wrong size");
         assert!(space.snapshot().used <= space.snapshot().budget);
+    }
+
+    #[test]
+    fn the_index_takes_under_one_percent_of_small_samples() {
+        // 3x32x32 uint8 images with an int64 label, in 1 MiB shards.
+        let dir = tempfile::tempdir().unwrap();
+        let space = ScratchSpace::open(dir.path(), Some(1 << 30)).unwrap();
+        let (n, record) = (2000u64, 3 * 32 * 32 + 8);
+        let t = ScratchTier::open(&space, "cifar", 1, n, record, 1 << 20).unwrap();
+        for i in 0..n {
+            assert!(t.write(i, &vec![i as u8; record as usize]));
+        }
+        let files: u64 = t
+            .shard_files()
+            .iter()
+            .map(|p| std::fs::metadata(p).unwrap().len())
+            .sum();
+        let overhead = (files - n * record) as f64 / (n * record) as f64;
+        assert!(overhead < 0.01, "{:.3}%", overhead * 100.0);
     }
 
     #[test]

@@ -6,6 +6,7 @@ use crate::catalog::Dataset;
 use crate::memory::{Key, MemoryTier};
 use crate::metrics::{Metrics, Tier};
 use crate::scratch::ScratchTier;
+use crate::source::RawSample;
 use anyhow::{anyhow, Context, Result};
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
@@ -193,7 +194,7 @@ fn warm_chunk(ds: &Dataset, start: u64, count: u64) -> Result<(u64, u64, u64)> {
         return Ok((0, count, count));
     }
     // One range read beats many single reads when most of the range is needed.
-    let raw: Vec<(u64, Vec<u8>)> = if missing.len() as u64 * 2 > count {
+    let raw: Vec<(u64, RawSample)> = if missing.len() as u64 * 2 > count {
         let all = ds.source.read_range(start, count)?;
         (start..start + count)
             .zip(all)
@@ -245,7 +246,7 @@ fn load_blocking(ds: &Dataset, locks: &[Mutex<()>], index: u64) -> Result<(Bytes
                 .source
                 .read(index)
                 .with_context(|| format!("fetching sample {index} of dataset {:?}", ds.name))?;
-            let raw_bytes = raw.len() as u64;
+            let raw_bytes = raw_size(&raw);
             let data = ds.prepare(index, raw)?;
             if let Some(scratch) = &ds.scratch {
                 scratch.write(index, &data);
@@ -271,7 +272,7 @@ fn load_granule(ds: &Dataset, scratch: &ScratchTier, index: u64) -> Result<(Vec<
             ds.name
         )
     })?;
-    let raw_bytes = raw.iter().map(|r| r.len() as u64).sum();
+    let raw_bytes = raw.iter().map(raw_size).sum();
     let data = ds.prepare(index, std::mem::take(&mut raw[(index - start) as usize]))?;
     scratch.write(index, &data);
     for (i, bytes) in (start..).zip(raw) {
@@ -279,7 +280,7 @@ fn load_granule(ds: &Dataset, scratch: &ScratchTier, index: u64) -> Result<(Vec<
             continue;
         }
         // A neighbour that fails to preprocess fails its own request later, not this one.
-        let Ok(d) = ds.preprocess.apply(bytes) else {
+        let Ok(d) = ds.prepare(i, bytes) else {
             continue;
         };
         if !scratch.write(i, &d) {
@@ -287,6 +288,11 @@ fn load_granule(ds: &Dataset, scratch: &ScratchTier, index: u64) -> Result<(Vec<
         }
     }
     Ok((data, raw_bytes))
+}
+
+/// Bytes of a raw sample's fields.
+fn raw_size(raw: &RawSample) -> u64 {
+    raw.iter().map(|v| v.data.len() as u64).sum()
 }
 
 /// Keeps a stream registered while it lives.

@@ -186,7 +186,7 @@ async fn resuming_mid_epoch_serves_exactly_the_rest() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_tier_stays_within_its_budget_and_keeps_its_working_set() {
     let n = 1000u64;
-    let budget = 250 * (SAMPLE_BYTES as u64 + ENTRY_OVERHEAD);
+    let budget = 250 * (SAMPLE_BYTES as u64 + 8 + ENTRY_OVERHEAD);
     let f = Fixture::start(n, budget).await;
     let mut before = f.stats().await;
     for e in 0..3 {
@@ -209,13 +209,15 @@ async fn memory_tier_stays_within_its_budget_and_keeps_its_working_set() {
         3 * n,
         "every lookup is counted in exactly one tier"
     );
+    // A sample is its image and its int64 label.
+    let record = SAMPLE_BYTES as u64 + 8;
     assert_eq!(
         bytes_read(&before, "raw"),
-        n * SAMPLE_BYTES as u64,
+        n * record,
         "raw storage is read once; scratch serves the rest"
     );
     let expansion = before.measured_expansion_factor;
-    let expected = (SAMPLE_BYTES as u64 + ENTRY_OVERHEAD) as f64 / SAMPLE_BYTES as f64;
+    let expected = (record + ENTRY_OVERHEAD) as f64 / record as f64;
     assert!(
         (expansion - expected).abs() < 0.01,
         "{expansion} vs {expected}"
@@ -261,8 +263,8 @@ async fn clients_asking_for_the_same_samples_share_one_fetch() {
     let s = f.stats().await;
     assert_eq!(
         bytes_read(&s, "raw"),
-        400 * SAMPLE_BYTES as u64,
-        "each sample read from raw storage once"
+        400 * (SAMPLE_BYTES as u64 + 8),
+        "each sample (image and label) read from raw storage once"
     );
     // Misses read whole granules (aligned ranges) and fill the scratch tier with them: raw
     // storage was read once per granule, and the granules' other samples came from scratch.
@@ -323,7 +325,7 @@ async fn bad_requests_get_clear_errors_and_the_daemon_keeps_serving() {
     let d = &list.datasets[0];
     assert_eq!(
         (d.num_samples, d.sample_bytes, d.has_labels),
-        (50, 32, true)
+        (50, 40, true)
     );
     assert_eq!(d.sample_shape, vec![2, 4, 4]);
 }

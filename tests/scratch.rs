@@ -6,8 +6,10 @@ mod common;
 use common::{bytes_read, check_epoch, hits, stats, SAMPLE_BYTES, SHAPE};
 use larder::client::{collect_batches, connect};
 use larder::config::Config;
+use larder::config::ImageMode;
 use larder::demo::make_dataset;
-use larder::preprocess::Preprocess;
+use larder::fields::{Resample, Value};
+use larder::preprocess::{FieldOp, Preprocess};
 use larder::proto::{Batch, StreamBatchesRequest, WarmProgress, WarmRequest};
 use larder::server::Daemon;
 use std::os::unix::fs::FileExt;
@@ -143,7 +145,7 @@ async fn corrupt_and_truncated_records_are_refetched_never_served() {
     warm(&d).await.unwrap();
     let tier = d.catalog.get("train").unwrap();
     let tier = tier.scratch.as_ref().unwrap();
-    let (path, payload) = tier.locate(123);
+    let (path, payload, _) = tier.locate(123).unwrap();
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.write_all_at(&[0xFF, 0xFF], payload + 5).unwrap();
 
@@ -159,8 +161,9 @@ async fn corrupt_and_truncated_records_are_refetched_never_served() {
         "and it was rewritten"
     );
 
-    // Truncate the last shard while the daemon is down.
-    let (path, payload) = tier.locate(n - 1);
+    // Truncate a shard while the daemon is down: its index entries (at its end) are gone, so
+    // its records are refetched, and nothing cut off is served.
+    let (path, payload, _) = tier.locate(n - 1).unwrap();
     d.shutdown().await.unwrap();
     std::fs::OpenOptions::new()
         .write(true)
@@ -171,14 +174,18 @@ async fn corrupt_and_truncated_records_are_refetched_never_served() {
     let d = start(dir.path(), &scratch, "", 0).await;
     check_epoch(&full_epoch(&d, 0).await, n);
     let s = stats(&d).await;
-    assert_eq!(
-        hits(&s, "raw"),
-        1,
-        "the cut-off record came from raw storage"
+    let refetched = hits(&s, "raw");
+    assert!(
+        refetched >= 1,
+        "the cut shard's records came from raw storage"
     );
-    assert_eq!(hits(&s, "scratch"), n - 1);
+    assert!(hits(&s, "scratch") >= n / 2, "the other shards still serve");
     check_epoch(&full_epoch(&d, 1).await, n);
-    assert_eq!(hits(&stats(&d).await, "raw"), 1);
+    assert_eq!(
+        hits(&stats(&d).await, "raw"),
+        refetched,
+        "and were written again"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -277,7 +284,12 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
     ))
     .unwrap();
     let d = Daemon::start(config).await.unwrap();
-    let p = Preprocess::Image {
+    let p = Preprocess::Images {
+        ops: vec![FieldOp::Decode {
+            mode: ImageMode::Rgb,
+            scale: 1,
+            resample: Resample::Linear,
+        }],
         resize: 16,
         crop: 12,
     };
@@ -296,10 +308,13 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
             assert_eq!(&b.shape[1..], &[3, 12, 12]);
             for (k, &id) in b.sample_ids.iter().enumerate() {
                 let (path, label) = &files[id as usize];
-                let want = p.apply(std::fs::read(path).unwrap()).unwrap();
+                let file = std::fs::read(path).unwrap();
+                let want = p
+                    .apply(vec![Value::new(vec![file.len() as u32], file)])
+                    .unwrap();
                 assert_eq!(
                     &b.data[k * 432..(k + 1) * 432],
-                    &want[..],
+                    &want[0].data[..],
                     "{}",
                     path.display()
                 );
@@ -317,8 +332,10 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
         .iter()
         .map(|(f, _)| std::fs::metadata(f).unwrap().len())
         .sum();
-    assert_eq!(bytes_read(&s, "raw"), raw_bytes);
-    let expected = (15 * (432 + larder::memory::ENTRY_OVERHEAD)) as f64 / raw_bytes as f64;
+    // The raw tier gave each file and its class label (8 bytes).
+    assert_eq!(bytes_read(&s, "raw"), raw_bytes + 15 * 8);
+    // Each sample is its image and its int64 label.
+    let expected = (15 * (432 + 8 + larder::memory::ENTRY_OVERHEAD)) as f64 / raw_bytes as f64;
     assert!((s.measured_expansion_factor - expected).abs() < 1e-9);
 
     // A file that is not an image fails the stream with a message naming the sample.

@@ -1,0 +1,210 @@
+//! The daemon: opens the datasets, owns the tiers and serves the service on TCP and/or a Unix
+//! socket until it is asked to stop.
+
+use super::service::Service;
+use crate::catalog::Catalog;
+use crate::config::Config;
+use crate::memory::{self, MemoryTier};
+use crate::metrics::Metrics;
+use crate::proto::larder_server::LarderServer;
+use crate::store::Store;
+use anyhow::{Context, Result};
+use futures::Stream;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// A running daemon.
+pub struct Daemon {
+    /// The TCP address it listens on (with the real port when the config asked for port 0).
+    pub tcp_addr: Option<SocketAddr>,
+    pub unix_socket: Option<PathBuf>,
+    pub catalog: Arc<Catalog>,
+    pub store: Arc<Store>,
+    shutdown: watch::Sender<bool>,
+    servers: Vec<JoinHandle<Result<()>>>,
+    watcher: JoinHandle<()>,
+}
+
+impl Daemon {
+    /// Opens the datasets and starts serving.
+    pub async fn start(config: Config) -> Result<Daemon> {
+        let catalog = Catalog::open(&config.datasets, &config.scratch)?;
+        Daemon::start_with_catalog(config, catalog).await
+    }
+
+    pub async fn start_with_catalog(config: Config, catalog: Catalog) -> Result<Daemon> {
+        let mut sys = sysinfo::System::new();
+        sys.refresh_memory();
+        let total = sys.total_memory();
+        let budget = config.budget_bytes(total);
+        let floor = config.min_available_bytes(total);
+        log_capacity_plan(&catalog, budget, config.memory.expansion_factor);
+
+        let metrics = Arc::new(Metrics::default());
+        metrics.set_machine_available(sys.available_memory());
+        let memory = Arc::new(MemoryTier::new(budget));
+        let workers = config
+            .preprocess_workers
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        let store = Store::new(memory.clone(), metrics.clone(), workers);
+        let watcher = tokio::spawn(memory::watch_available_memory(
+            memory,
+            floor,
+            Duration::from_millis(config.memory.watch_interval_ms.max(10)),
+            metrics,
+        ));
+        let catalog = Arc::new(catalog);
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let service = Service::new(catalog.clone(), store.clone(), &config, shutdown_rx);
+        let mut servers = vec![];
+        let mut tcp_addr = None;
+
+        if let Some(listen) = &config.listen {
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("listening on {listen}"))?;
+            let addr = listener.local_addr()?;
+            tcp_addr = Some(addr);
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            servers.push(spawn_server(&service, incoming, &shutdown, "TCP"));
+            tracing::info!(%addr, "listening on TCP");
+        }
+        if let Some(path) = &config.unix_socket {
+            let listener = bind_unix(path, config.unix_socket_mode)?;
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            servers.push(spawn_server(&service, incoming, &shutdown, "Unix socket"));
+            tracing::info!(path = %path.display(), "listening on Unix socket");
+        }
+        Ok(Daemon {
+            tcp_addr,
+            unix_socket: config.unix_socket.clone(),
+            catalog,
+            store,
+            shutdown,
+            servers,
+            watcher,
+        })
+    }
+
+    /// The address a client should connect to: TCP if it listens there, else the Unix socket.
+    pub fn client_addr(&self) -> String {
+        match (&self.tcp_addr, &self.unix_socket) {
+            (Some(a), _) => format!("http://{a}"),
+            (None, Some(p)) => format!("unix:{}", p.display()),
+            (None, None) => unreachable!("the config requires a listener"),
+        }
+    }
+
+    /// Stops accepting, lets open streams end, and waits for the servers.
+    pub async fn shutdown(self) -> Result<()> {
+        let _ = self.shutdown.send(true);
+        self.wait().await
+    }
+
+    /// Waits until the servers stop (after `shutdown`, or when one fails).
+    pub async fn wait(self) -> Result<()> {
+        for s in self.servers {
+            s.await.context("server task panicked")??;
+        }
+        self.watcher.abort();
+        if let Some(p) = &self.unix_socket {
+            let _ = std::fs::remove_file(p);
+        }
+        Ok(())
+    }
+
+    /// A handle that asks the daemon to shut down.
+    pub fn shutdown_handle(&self) -> watch::Sender<bool> {
+        self.shutdown.clone()
+    }
+}
+
+/// Serves `service` on the connections `incoming` yields until the daemon shuts down.
+fn spawn_server<I, IO, IE>(
+    service: &Service,
+    incoming: I,
+    shutdown: &watch::Sender<bool>,
+    transport: &'static str,
+) -> JoinHandle<Result<()>>
+where
+    I: Stream<Item = Result<IO, IE>> + Send + 'static,
+    IO: tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + tonic::transport::server::Connected
+        + Unpin
+        + Send
+        + 'static,
+    IO::ConnectInfo: Clone + Send + Sync + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+{
+    let router = tonic::transport::Server::builder()
+        .add_service(LarderServer::new(service.clone()).max_encoding_message_size(usize::MAX));
+    let mut stop = shutdown.subscribe();
+    tokio::spawn(async move {
+        router
+            .serve_with_incoming_shutdown(incoming, async move { until_stopped(&mut stop).await })
+            .await
+            .with_context(|| format!("{transport} server failed"))
+    })
+}
+
+/// Resolves once the daemon is shutting down.
+pub(super) async fn until_stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+fn bind_unix(path: &std::path::Path, mode: u32) -> Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating socket directory {}", dir.display()))?;
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        anyhow::ensure!(
+            meta.file_type().is_socket(),
+            "{} exists and is not a socket; refusing to replace it",
+            path.display()
+        );
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            anyhow::bail!("another daemon is already listening on {}", path.display());
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing stale socket {}", path.display()))?;
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("listening on Unix socket {}", path.display()))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of {}", path.display()))?;
+    Ok(listener)
+}
+
+/// Logs, per dataset, how much of it the memory budget holds, planning with the expansion factor.
+fn log_capacity_plan(catalog: &Catalog, budget: u64, expansion_factor: f64) {
+    tracing::info!(
+        budget_bytes = budget,
+        expansion_factor,
+        "memory tier budget"
+    );
+    for ds in catalog.iter() {
+        let disk = ds.source.disk_bytes();
+        let planned = (disk as f64 * expansion_factor) as u64;
+        let fraction = if planned == 0 {
+            1.0
+        } else {
+            (budget as f64 / planned as f64).min(1.0)
+        };
+        tracing::info!(
+            dataset = %ds.name,
+            samples = ds.len(),
+            disk_bytes = disk,
+            planned_memory_bytes = planned,
+            "capacity plan: the memory tier holds about {:.0}% of this dataset",
+            fraction * 100.0
+        );
+    }
+}

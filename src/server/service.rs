@@ -1,0 +1,292 @@
+//! The gRPC handlers: validation, the datasets, stats, warming, and opening streams. Handlers
+//! hold shared state only.
+
+use super::daemon::until_stopped;
+use super::stream::{assemble, MeteredStream, Selection, MAX_BATCH_BYTES};
+use crate::catalog::{Catalog, Dataset};
+use crate::config::Config;
+use crate::proto::larder_server::Larder;
+use crate::proto::{
+    Batch, DatasetInfo, GetStatsRequest, ListDatasetsRequest, ListDatasetsResponse, Stats,
+    StreamBatchesRequest, VariableLayout, WarmProgress, WarmRequest,
+};
+use crate::sampler::{Plan, PlanRequest};
+use crate::store::Store;
+use futures::{Stream, StreamExt};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::{mpsc, watch};
+use tonic::{Request, Response, Status};
+
+#[derive(Clone)]
+pub struct Service {
+    catalog: Arc<Catalog>,
+    store: Arc<Store>,
+    prefetch_batches: usize,
+    max_batch_size: u32,
+    expansion_factor: f64,
+    /// Becomes true when the daemon shuts down: open streams end with UNAVAILABLE.
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Service {
+    pub fn new(
+        catalog: Arc<Catalog>,
+        store: Arc<Store>,
+        config: &Config,
+        shutdown: watch::Receiver<bool>,
+    ) -> Service {
+        Service {
+            shutdown,
+            catalog,
+            store,
+            prefetch_batches: config.prefetch_batches,
+            max_batch_size: config.max_batch_size,
+            expansion_factor: config.memory.expansion_factor,
+        }
+    }
+
+    fn dataset(&self, name: &str) -> Result<Arc<Dataset>, Status> {
+        self.catalog.get(name).ok_or_else(|| {
+            Status::not_found(format!(
+                "unknown dataset {name:?}; this daemon serves: {}",
+                self.catalog.names().join(", ")
+            ))
+        })
+    }
+
+    fn plan(&self, req: &StreamBatchesRequest) -> Result<(Arc<Dataset>, Plan, Selection), Status> {
+        let ds = self.dataset(&req.dataset)?;
+        let layout = VariableLayout::try_from(req.variable_layout).map_err(|_| {
+            Status::invalid_argument(format!(
+                "variable_layout {} is unknown",
+                req.variable_layout
+            ))
+        })?;
+        let sel =
+            Selection::new(&ds.schema, &req.fields, layout, req.layout_version).map_err(|e| {
+                let status = if req.layout_version == 0 && req.fields.is_empty() {
+                    Status::failed_precondition
+                } else {
+                    Status::invalid_argument
+                };
+                status(format!("dataset {:?}: {e}", ds.name))
+            })?;
+        if req.batch_size > self.max_batch_size {
+            return Err(Status::invalid_argument(format!(
+                "batch_size {} is larger than the daemon's max_batch_size {}",
+                req.batch_size, self.max_batch_size
+            )));
+        }
+        let fixed: Option<u64> = sel
+            .fields
+            .iter()
+            .map(|&f| ds.schema.fields[f].fixed_bytes())
+            .sum();
+        let batch_bytes = req.batch_size as u64 * fixed.unwrap_or(0);
+        if batch_bytes > MAX_BATCH_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "batch_size {} makes batches of {batch_bytes} bytes; the limit is {MAX_BATCH_BYTES}",
+                req.batch_size
+            )));
+        }
+        let plan = Plan::new(PlanRequest {
+            num_samples: ds.len(),
+            batch_size: req.batch_size,
+            seed: req.seed,
+            epoch: req.epoch,
+            rank: req.rank,
+            world_size: req.world_size,
+            start_batch: req.start_batch,
+            shuffle: !req.sequential,
+            drop_last: req.drop_last,
+        })
+        .map_err(|e| Status::invalid_argument(format!("{e:#}")))?;
+        Ok((ds, plan, sel))
+    }
+}
+
+type BatchStream = Pin<Box<dyn Stream<Item = Result<Batch, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Larder for Service {
+    async fn list_datasets(
+        &self,
+        _: Request<ListDatasetsRequest>,
+    ) -> Result<Response<ListDatasetsResponse>, Status> {
+        let datasets: Vec<DatasetInfo> = self.catalog.iter().map(|d| d.info()).collect();
+        Ok(Response::new(ListDatasetsResponse { datasets }))
+    }
+
+    async fn get_stats(&self, _: Request<GetStatsRequest>) -> Result<Response<Stats>, Status> {
+        let mem = self.store.memory.snapshot();
+        let scratch = self
+            .catalog
+            .scratch
+            .as_ref()
+            .map(|s| s.snapshot())
+            .unwrap_or_default();
+        Ok(Response::new(Stats {
+            memory_bytes: mem.bytes,
+            memory_budget_bytes: mem.limit,
+            memory_entries: mem.entries,
+            admissions_declined: mem.declined,
+            measured_expansion_factor: if mem.disk_bytes == 0 {
+                0.0
+            } else {
+                mem.bytes as f64 / mem.disk_bytes as f64
+            },
+            planned_expansion_factor: self.expansion_factor,
+            scratch_bytes: scratch.used,
+            scratch_budget_bytes: scratch.budget,
+            scratch_corrupt_records: scratch.corrupt,
+            scratch_paused: scratch.paused.unwrap_or_default(),
+            ..self.store.metrics.to_proto()
+        }))
+    }
+
+    type WarmStream = Pin<Box<dyn Stream<Item = Result<WarmProgress, Status>> + Send>>;
+
+    async fn warm(
+        &self,
+        request: Request<WarmRequest>,
+    ) -> Result<Response<Self::WarmStream>, Status> {
+        let ds = self.dataset(&request.into_inner().dataset)?;
+        if ds.scratch.is_none() {
+            return Err(Status::failed_precondition(format!(
+                "dataset {:?} has no scratch tier (scratch.enabled is false or its directory is unusable; see the daemon's log)",
+                ds.name
+            )));
+        }
+        let (progress_tx, mut progress_rx) = mpsc::channel(16);
+        let (tx, rx) = mpsc::channel(16);
+        let store = self.store.clone();
+        let mut shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            tracing::info!(dataset = %ds.name, "warming the scratch tier");
+            let warm = store.warm(&ds, progress_tx);
+            tokio::pin!(warm);
+            // Forward progress until warming ends; its result goes last.
+            let result = loop {
+                tokio::select! {
+                    result = &mut warm => break result,
+                    _ = until_stopped(&mut shutdown) => {
+                        let _ = tx.send(Err(shutting_down())).await;
+                        return;
+                    }
+                    Some(p) = progress_rx.recv() => {
+                        if tx.send(Ok(to_proto(p))).await.is_err() {
+                            tracing::info!(dataset = %ds.name, "warm cancelled by the client");
+                            return;
+                        }
+                    }
+                }
+            };
+            while let Ok(p) = progress_rx.try_recv() {
+                let _ = tx.send(Ok(to_proto(p))).await;
+            }
+            match result {
+                Ok(p) => {
+                    tracing::info!(dataset = %ds.name, written = p.written, present = p.present, "scratch tier warm");
+                    let _ = tx.send(Ok(to_proto(p))).await;
+                }
+                Err(e) => {
+                    tracing::warn!(dataset = %ds.name, "warming failed: {e:#}");
+                    let _ = tx
+                        .send(Err(Status::resource_exhausted(format!("{e:#}"))))
+                        .await;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    type StreamBatchesStream = BatchStream;
+
+    async fn stream_batches(
+        &self,
+        request: Request<StreamBatchesRequest>,
+    ) -> Result<Response<BatchStream>, Status> {
+        let req = request.into_inner();
+        let (ds, plan, sel) = self.plan(&req)?;
+        tracing::info!(
+            dataset = %ds.name, batch_size = req.batch_size, seed = req.seed, epoch = req.epoch,
+            rank = req.rank, world_size = req.world_size, start_batch = req.start_batch,
+            batches = plan.num_batches, "stream opened"
+        );
+        let guard = self.store.open_stream(plan.remaining_samples());
+        let (plan_start, plan_end) = (plan.start_batch, plan.num_batches);
+        let store = self.store.clone();
+        let prefetch = self.prefetch_batches;
+        let shutdown = self.shutdown.clone();
+        let (tx, rx) = mpsc::channel(1);
+        tokio::spawn(async move {
+            let _guard = guard;
+            let started = Instant::now();
+            let (plan, sel) = (Arc::new(plan), Arc::new(sel));
+            // Assemble up to `prefetch` batches ahead of the client, in order.
+            let mut batches = futures::stream::iter(plan.start_batch..plan.num_batches)
+                .map(|b| {
+                    let (store, ds, plan, sel) =
+                        (store.clone(), ds.clone(), plan.clone(), sel.clone());
+                    async move { assemble(&store, &ds, &plan, &sel, b).await }
+                })
+                .buffered(prefetch);
+            let mut shutdown = shutdown;
+            loop {
+                let result = tokio::select! {
+                    next = batches.next() => match next {
+                        Some(result) => result,
+                        None => break,
+                    },
+                    _ = until_stopped(&mut shutdown) => {
+                        let _ = tx.send(Err(shutting_down())).await;
+                        return;
+                    }
+                };
+                let failed = result.is_err();
+                let item = result.map_err(|e| {
+                    tracing::error!(dataset = %ds.name, "stream failed: {e:#}");
+                    Status::internal(format!("{e:#}"))
+                });
+                if tx.send(item).await.is_err() {
+                    tracing::info!(dataset = %ds.name, "client went away; stream closed");
+                    return;
+                }
+                if failed {
+                    return;
+                }
+            }
+            tracing::info!(dataset = %ds.name, seconds = started.elapsed().as_secs_f64(), "stream finished");
+        });
+        let metered = MeteredStream::new(
+            rx,
+            self.store.metrics.clone(),
+            (plan_start, plan_end),
+            format!(
+                "{} rank {}/{} epoch {}",
+                req.dataset,
+                req.rank,
+                req.world_size.max(1),
+                req.epoch
+            ),
+        );
+        Ok(Response::new(Box::pin(metered)))
+    }
+}
+
+fn shutting_down() -> Status {
+    Status::unavailable("larderd is shutting down; reconnect and resume from the next batch")
+}
+
+fn to_proto(p: crate::store::WarmProgress) -> WarmProgress {
+    WarmProgress {
+        done: p.done,
+        total: p.total,
+        written: p.written,
+        present: p.present,
+    }
+}

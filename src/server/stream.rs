@@ -1,0 +1,462 @@
+//! One stream of batches: which fields it serves and how, batch assembly (per field one
+//! contiguous buffer), and the metered, shutdown-aware forwarding to the client.
+
+use crate::catalog::Dataset;
+use crate::fields::{FieldSpec, Schema};
+use crate::metrics::Metrics;
+use crate::proto::{Batch, FieldBatch, VariableLayout};
+use crate::sampler::Plan;
+use crate::store::Store;
+use anyhow::{ensure, Context, Result};
+use bytes::{Bytes, BytesMut};
+use futures::Stream;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tonic::Status;
+
+/// Largest batch, in bytes, one message may carry.
+pub const MAX_BATCH_BYTES: u64 = 256 << 20;
+
+/// What a stream serves of each sample.
+#[derive(Debug, Clone)]
+pub struct Selection {
+    /// The fields served, by index in the schema, in the order asked for.
+    pub fields: Vec<usize>,
+    pub layout: VariableLayout,
+    /// Layout version 0: the first field as Batch.data and a "label" field as Batch.labels.
+    pub legacy: Option<Legacy>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Legacy {
+    pub label: Option<usize>,
+}
+
+impl Selection {
+    /// The fields named (all when none), in that order; errors say what the dataset has.
+    pub fn new(
+        schema: &Schema,
+        names: &[String],
+        layout: VariableLayout,
+        layout_version: u32,
+    ) -> Result<Selection, String> {
+        let fields: Vec<usize> = if names.is_empty() {
+            (0..schema.fields.len()).collect()
+        } else {
+            let mut picked = vec![];
+            for n in names {
+                let (i, _) = schema.field(n).ok_or_else(|| {
+                    format!(
+                        "no field {n:?}; the dataset's fields are: {}",
+                        schema.names().join(", ")
+                    )
+                })?;
+                if picked.contains(&i) {
+                    return Err(format!("field {n:?} is asked for twice"));
+                }
+                picked.push(i);
+            }
+            picked
+        };
+        let legacy = match layout_version {
+            1 => None,
+            0 => {
+                let first = &schema.fields[fields[0]];
+                let label = fields[1..]
+                    .iter()
+                    .copied()
+                    .find(|&i| schema.fields[i].name == "label");
+                let label_ok = label.is_none_or(|i| {
+                    let f = &schema.fields[i];
+                    f.shape.is_empty() && f.dtype == crate::fields::DType::Int64
+                });
+                if !(first.is_fixed()
+                    && first.dtype == crate::fields::DType::Uint8
+                    && label_ok
+                    && fields.len() == 1 + label.is_some() as usize)
+                {
+                    return Err(format!(
+                        "this dataset's samples are {}; this client predates typed fields (it reads one \
+                         fixed uint8 array and a label): upgrade it",
+                        schema.fields.iter().map(FieldSpec::describe).collect::<Vec<_>>().join(", ")
+                    ));
+                }
+                Some(Legacy { label })
+            }
+            v => {
+                return Err(format!(
+                    "layout_version {v} is unknown to this daemon (it knows 0 and 1)"
+                ))
+            }
+        };
+        Ok(Selection {
+            fields,
+            layout,
+            legacy,
+        })
+    }
+}
+
+/// Reads the samples of batch `b` through the store and packs each selected field into one
+/// contiguous buffer.
+pub async fn assemble(
+    store: &Arc<Store>,
+    ds: &Arc<Dataset>,
+    plan: &Plan,
+    sel: &Selection,
+    b: u64,
+) -> Result<Batch> {
+    let ids = plan.batch(b);
+    let samples = futures::future::try_join_all(ids.iter().map(|&i| store.get(ds, i))).await?;
+    let records = samples
+        .iter()
+        .zip(ids)
+        .map(|(s, &i)| {
+            ds.schema
+                .decode(s)
+                .with_context(|| format!("sample {i} of {:?} does not fit its fields", ds.name))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut fields = Vec::with_capacity(sel.fields.len());
+    let mut bytes = 0u64;
+    for &f in &sel.fields {
+        let spec = &ds.schema.fields[f];
+        let values = records.iter().map(|r| (&r[f].dims[..], r[f].data));
+        let batch = pack(spec, values, ids.len(), sel.layout);
+        bytes += batch.data.len() as u64;
+        ensure!(
+            bytes <= MAX_BATCH_BYTES,
+            "batch {b} of {:?} takes over {MAX_BATCH_BYTES} bytes, more than one message may carry: ask for a smaller batch_size",
+            ds.name
+        );
+        fields.push(batch);
+    }
+    let mut batch = Batch {
+        batch_index: b,
+        num_batches: plan.num_batches,
+        sample_ids: ids.to_vec(),
+        ..Default::default()
+    };
+    match sel.legacy {
+        None => batch.fields = fields,
+        Some(legacy) => {
+            let mut fields = fields.into_iter();
+            let first = fields.next().context("no field")?;
+            batch.shape = first.shape.iter().map(|&d| d as u32).collect();
+            batch.data = first.data;
+            if let (Some(label), Some(_)) = (fields.next(), legacy.label) {
+                batch.labels = label
+                    .data
+                    .chunks_exact(8)
+                    .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+                    .collect();
+            }
+        }
+    }
+    Ok(batch)
+}
+
+/// One field of `n` samples, each given as (dims, bytes), as a batch.
+fn pack<'a>(
+    spec: &FieldSpec,
+    values: impl Iterator<Item = (&'a [u32], &'a [u8])> + Clone,
+    n: usize,
+    layout: VariableLayout,
+) -> FieldBatch {
+    let mut out = FieldBatch {
+        name: spec.name.clone(),
+        dtype: spec.dtype.name().to_string(),
+        ..Default::default()
+    };
+    let item = spec.dtype.size();
+    if spec.is_fixed() {
+        let mut data = BytesMut::with_capacity(n * spec.fixed_bytes().unwrap_or(0) as usize);
+        for (_, v) in values {
+            data.extend_from_slice(v);
+        }
+        out.shape = std::iter::once(n as u64)
+            .chain(spec.shape.iter().map(|d| d.unwrap_or(0) as u64))
+            .collect();
+        out.data = data.freeze();
+        return out;
+    }
+    for (dims, _) in values.clone() {
+        for (d, s) in dims.iter().zip(&spec.shape) {
+            if s.is_none() {
+                out.lengths.push(*d);
+            }
+        }
+    }
+    if layout == VariableLayout::Offsets {
+        let mut data = BytesMut::new();
+        let mut offsets = vec![0u64];
+        for (_, v) in values {
+            data.extend_from_slice(v);
+            offsets.push((data.len() / item) as u64);
+        }
+        out.shape = vec![*offsets.last().unwrap_or(&0)];
+        out.offsets = offsets;
+        out.data = data.freeze();
+        return out;
+    }
+    // Padded: every value at the start of the batch maximum along each dim, zeros after.
+    let mut max: Vec<u32> = spec.shape.iter().map(|d| d.unwrap_or(0)).collect();
+    for (dims, _) in values.clone() {
+        for (m, d) in max.iter_mut().zip(dims) {
+            *m = (*m).max(*d);
+        }
+    }
+    let per: usize = max.iter().fold(item, |a, &d| a * d as usize);
+    let mut data = vec![0u8; n * per];
+    for (k, (dims, v)) in values.enumerate() {
+        copy_padded(v, dims, &mut data[k * per..(k + 1) * per], &max, item);
+    }
+    out.shape = std::iter::once(n as u64)
+        .chain(max.iter().map(|&d| d as u64))
+        .collect();
+    out.data = Bytes::from(data);
+    out
+}
+
+/// Copies a row-major array of `dims` into the top corner of a zeroed one of `max` dims.
+fn copy_padded(src: &[u8], dims: &[u32], dst: &mut [u8], max: &[u32], item: usize) {
+    let Some((&last, outer)) = dims.split_last() else {
+        dst[..src.len()].copy_from_slice(src);
+        return;
+    };
+    let row = last as usize * item;
+    if row == 0 || outer.contains(&0) {
+        return;
+    }
+    // Strides of the destination, in bytes.
+    let mut strides = vec![0usize; max.len()];
+    let mut s = item;
+    for (st, &m) in strides.iter_mut().zip(max).rev() {
+        *st = s;
+        s *= m as usize;
+    }
+    let mut at = vec![0u32; outer.len()];
+    for chunk in src.chunks_exact(row) {
+        let off: usize = at
+            .iter()
+            .zip(&strides)
+            .map(|(&i, &st)| i as usize * st)
+            .sum();
+        dst[off..off + row].copy_from_slice(chunk);
+        // Next index of the outer dims, last fastest.
+        for (i, &d) in at.iter_mut().zip(outer).rev() {
+            *i += 1;
+            if *i < d {
+                break;
+            }
+            *i = 0;
+        }
+    }
+}
+
+/// Counts the time the outgoing stream waits for a batch that is not ready (client stall),
+/// and the batches it hands on.
+pub struct MeteredStream {
+    pub rx: mpsc::Receiver<Result<Batch, Status>>,
+    pub metrics: Arc<Metrics>,
+    pub waiting_since: Option<Instant>,
+    /// The batch the client gets next, and the end of the epoch: a stream that ends before it
+    /// ends with an error, never as if the epoch were complete.
+    pub next_batch: u64,
+    pub num_batches: u64,
+    /// This stream's stall time so far, logged when it closes.
+    pub stalled: Duration,
+    pub opened: Instant,
+    pub name: String,
+}
+
+impl MeteredStream {
+    pub fn new(
+        rx: mpsc::Receiver<Result<Batch, Status>>,
+        metrics: Arc<Metrics>,
+        (next_batch, num_batches): (u64, u64),
+        name: String,
+    ) -> MeteredStream {
+        MeteredStream {
+            rx,
+            metrics,
+            waiting_since: None,
+            next_batch,
+            num_batches,
+            stalled: Duration::ZERO,
+            opened: Instant::now(),
+            name,
+        }
+    }
+}
+
+/// Bytes a batch carries.
+fn batch_bytes(b: &Batch) -> u64 {
+    b.data.len() as u64 + b.fields.iter().map(|f| f.data.len() as u64).sum::<u64>()
+}
+
+impl Drop for MeteredStream {
+    fn drop(&mut self) {
+        let open = self.opened.elapsed().as_secs_f64();
+        let stalled = self.stalled.as_secs_f64();
+        tracing::info!(
+            stream = %self.name,
+            open_seconds = open,
+            stall_seconds = stalled,
+            "stream closed; the client waited on larder {:.0}% of the time",
+            if open > 0.0 { stalled / open * 100.0 } else { 0.0 }
+        );
+    }
+}
+
+impl Stream for MeteredStream {
+    type Item = Result<Batch, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Self::Item>> {
+        match self.rx.poll_recv(cx) {
+            Poll::Pending => {
+                self.waiting_since.get_or_insert_with(Instant::now);
+                Poll::Pending
+            }
+            Poll::Ready(item) => {
+                if let Some(since) = self.waiting_since.take() {
+                    let waited = since.elapsed();
+                    self.stalled += waited;
+                    self.metrics.record_stall(waited);
+                }
+                match &item {
+                    Some(Ok(b)) => {
+                        self.next_batch = b.batch_index + 1;
+                        self.metrics
+                            .record_batch(b.sample_ids.len() as u64, batch_bytes(b));
+                    }
+                    Some(Err(_)) => self.next_batch = self.num_batches, // the error says why
+                    None if self.next_batch < self.num_batches => {
+                        let missing = self.next_batch;
+                        self.next_batch = self.num_batches;
+                        tracing::error!(stream = %self.name, batch = missing, "stream producer stopped early");
+                        return Poll::Ready(Some(Err(Status::internal(format!(
+                            "larderd stopped this stream before batch {missing} of {}; resume from it",
+                            self.num_batches
+                        )))));
+                    }
+                    None => {}
+                }
+                Poll::Ready(item)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fields::DType;
+    use futures::StreamExt;
+
+    fn metered(rx: mpsc::Receiver<Result<Batch, Status>>, start: u64, end: u64) -> MeteredStream {
+        MeteredStream::new(
+            rx,
+            Arc::new(Metrics::default()),
+            (start, end),
+            "test".into(),
+        )
+    }
+
+    fn batch(i: u64) -> Result<Batch, Status> {
+        Ok(Batch {
+            batch_index: i,
+            ..Default::default()
+        })
+    }
+
+    #[tokio::test]
+    async fn a_stream_cut_short_ends_with_an_error_not_as_complete() {
+        let (tx, rx) = mpsc::channel(4);
+        tx.send(batch(2)).await.unwrap();
+        drop(tx); // the producer is gone after batch 2 of 5
+        let items: Vec<_> = metered(rx, 2, 5).collect().await;
+        assert_eq!(items.len(), 2);
+        let err = items[1].as_ref().unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Internal);
+        assert!(
+            err.message().contains("before batch 3 of 5"),
+            "{}",
+            err.message()
+        );
+
+        let (tx, rx) = mpsc::channel(4);
+        tx.send(batch(3)).await.unwrap();
+        tx.send(batch(4)).await.unwrap();
+        drop(tx);
+        let items: Vec<_> = metered(rx, 3, 5).collect().await;
+        assert!(
+            items.iter().all(|i| i.is_ok()),
+            "a complete stream ends cleanly"
+        );
+    }
+
+    #[test]
+    fn variable_fields_are_padded_with_lengths_or_come_with_offsets() {
+        // Boxes [K, 4] of int16: K = 1, 0, 2.
+        let spec = FieldSpec::new("boxes", DType::Int16, vec![None, Some(4)]);
+        let vals: Vec<(Vec<u32>, Vec<u8>)> = [1u32, 0, 2]
+            .iter()
+            .map(|&k| (vec![k, 4], (0..k * 8).map(|b| b as u8 + 1).collect()))
+            .collect();
+        let it = vals.iter().map(|(d, v)| (&d[..], &v[..]));
+        let padded = pack(&spec, it.clone(), 3, VariableLayout::Padded);
+        assert_eq!(padded.shape, vec![3, 2, 4]);
+        assert_eq!(padded.lengths, vec![1, 0, 2]);
+        assert_eq!(padded.data.len(), 3 * 2 * 4 * 2);
+        assert_eq!(&padded.data[..8], &vals[0].1[..]);
+        assert!(padded.data[8..32].iter().all(|&b| b == 0), "padding");
+        assert_eq!(&padded.data[32..], &vals[2].1[..]);
+        let offsets = pack(&spec, it, 3, VariableLayout::Offsets);
+        assert_eq!(offsets.offsets, vec![0, 4, 4, 12]);
+        assert_eq!(offsets.shape, vec![12]);
+        assert_eq!(offsets.lengths, vec![1, 0, 2]);
+        assert_eq!(offsets.data.len(), 24);
+    }
+
+    #[test]
+    fn images_of_different_sizes_pad_in_both_dims() {
+        let spec = FieldSpec::new("image", DType::Uint8, vec![Some(1), None, None]);
+        let a = (vec![1, 2, 3], vec![1, 2, 3, 4, 5, 6]);
+        let b = (vec![1, 3, 1], vec![7, 8, 9]);
+        let vals = [a, b];
+        let p = pack(
+            &spec,
+            vals.iter().map(|(d, v)| (&d[..], &v[..])),
+            2,
+            VariableLayout::Padded,
+        );
+        assert_eq!(p.shape, vec![2, 1, 3, 3]);
+        assert_eq!(p.lengths, vec![2, 3, 3, 1]);
+        assert_eq!(
+            &p.data[..],
+            &[1, 2, 3, 4, 5, 6, 0, 0, 0, 7, 0, 0, 8, 0, 0, 9, 0, 0]
+        );
+    }
+
+    #[test]
+    fn old_clients_get_the_legacy_layout_or_a_clear_refusal() {
+        let classic = Schema::new(vec![
+            FieldSpec::fixed("image", DType::Uint8, &[3, 2, 2]),
+            FieldSpec::fixed("label", DType::Int64, &[]),
+        ])
+        .unwrap();
+        let s = Selection::new(&classic, &[], VariableLayout::Padded, 0).unwrap();
+        assert_eq!(s.legacy.unwrap().label, Some(1));
+        let flow = Schema::new(vec![FieldSpec::fixed("flow", DType::Float32, &[2, 2, 2])]).unwrap();
+        let err = Selection::new(&flow, &[], VariableLayout::Padded, 0).unwrap_err();
+        assert!(err.contains("upgrade"), "{err}");
+        assert!(Selection::new(&flow, &[], VariableLayout::Padded, 1).is_ok());
+        let err =
+            Selection::new(&classic, &["nope".into()], VariableLayout::Padded, 1).unwrap_err();
+        assert!(err.contains("fields are: image, label"), "{err}");
+    }
+}

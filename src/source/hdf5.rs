@@ -1,0 +1,561 @@
+//! HDF5 files: each field is an HDF5 dataset [N, ...] of any numeric type, or a variable-length
+//! one-dimensional dataset [N] (clips of different lengths), read as stored.
+
+use super::{file_version, RawSample, RawSource};
+use crate::config::FieldConfig;
+use crate::fields::{DType, FieldSpec, Pairing, Value};
+use anyhow::{bail, ensure, Context, Result};
+use hdf5::types::{FloatSize, IntSize, TypeDescriptor, VarLenArray};
+use hdf5::{Hyperslab, SliceOrIndex};
+use std::path::{Path, PathBuf};
+
+/// One field: an HDF5 dataset and how to read it.
+struct Field {
+    /// The HDF5 dataset's name in the file.
+    hdf5: String,
+    dataset: hdf5::Dataset,
+    /// The type values are read as (the stored one unless the config asks for another).
+    dtype: DType,
+    /// Stored as HDF5 booleans (h5py's numpy bool): read as bool, served as uint8 0/1.
+    boolean: bool,
+    /// A variable-length dataset [N]: each value is one clip of its own length.
+    varlen: bool,
+    /// Dims of one value (fixed fields).
+    dims: Vec<u32>,
+}
+
+/// An HDF5 file whose datasets [N, ...] are the fields of N samples.
+pub struct Hdf5Source {
+    path: PathBuf,
+    fields: Vec<Field>,
+    /// What the fields are, as served.
+    specs: Vec<FieldSpec>,
+    len: u64,
+    disk_bytes: u64,
+    granule: u64,
+}
+
+/// Bytes of a contiguous HDF5 dataset read together on a miss.
+const CONTIGUOUS_GRANULE_BYTES: u64 = 1 << 20;
+/// Most samples read together on a miss.
+pub const MAX_GRANULE: u64 = 256;
+
+/// The dtype a numeric HDF5 type is served as, or None for types larder does not serve.
+fn numeric(t: &TypeDescriptor) -> Option<DType> {
+    Some(match t {
+        TypeDescriptor::Unsigned(IntSize::U1) | TypeDescriptor::Boolean => DType::Uint8,
+        TypeDescriptor::Unsigned(IntSize::U2) => DType::Uint16,
+        TypeDescriptor::Unsigned(IntSize::U4) => DType::Uint32,
+        TypeDescriptor::Unsigned(IntSize::U8) => DType::Uint64,
+        TypeDescriptor::Integer(IntSize::U1) => DType::Int8,
+        TypeDescriptor::Integer(IntSize::U2) => DType::Int16,
+        TypeDescriptor::Integer(IntSize::U4) => DType::Int32,
+        TypeDescriptor::Integer(IntSize::U8) => DType::Int64,
+        TypeDescriptor::Float(FloatSize::U2) => DType::Float16,
+        TypeDescriptor::Float(FloatSize::U4) => DType::Float32,
+        TypeDescriptor::Float(FloatSize::U8) => DType::Float64,
+        _ => return None,
+    })
+}
+
+impl Hdf5Source {
+    /// Opens `path` and the HDF5 datasets of `fields`. Errors name the file, the field and the
+    /// HDF5 dataset.
+    pub fn open(path: &Path, fields: &[FieldConfig]) -> Result<Hdf5Source> {
+        // larderd only reads, and takes no HDF5 file lock: on long-term storage without flock
+        // (many NFS and Lustre mounts) the lock fails every open, and one held by any process
+        // that has the file open (or inherited its descriptor) would keep the dataset from
+        // being served. A rewritten file changes size or mtime, which the scratch tier notices.
+        let file = hdf5::File::with_options()
+            .with_fapl(|p| p.file_locking(false))
+            .open(path)
+            .with_context(|| format!("opening HDF5 file {}", path.display()))?;
+        ensure!(
+            !fields.is_empty(),
+            "no fields to serve from {}",
+            path.display()
+        );
+        let mut opened: Vec<Field> = vec![];
+        let mut specs = vec![];
+        let mut len: Option<(u64, &str)> = None;
+        let mut any_varlen = false;
+        for fc in fields {
+            let name = fc.hdf5.as_deref().unwrap_or(&fc.name);
+            let what = || {
+                format!(
+                    "field {:?} (HDF5 dataset {name:?} in {})",
+                    fc.name,
+                    path.display()
+                )
+            };
+            ensure!(
+                fc.folder.is_none() && fc.mode.is_none() && fc.from.is_none(),
+                "{}: folder, mode and from are for image folders",
+                what()
+            );
+            let dataset = file.dataset(name).with_context(|| {
+                format!(
+                    "{}: no such dataset; the file has: {}",
+                    what(),
+                    file.member_names().unwrap_or_default().join(", ")
+                )
+            })?;
+            let stored = dataset
+                .dtype()
+                .and_then(|t| t.to_descriptor())
+                .with_context(|| format!("{}: reading its type", what()))?;
+            let shape = dataset.shape();
+            ensure!(!shape.is_empty(), "{}: a scalar, expected [N, ...]", what());
+            let n = shape[0] as u64;
+            let (base, varlen) = match &stored {
+                TypeDescriptor::VarLenArray(inner) => (inner.as_ref(), true),
+                t => (t, false),
+            };
+            let Some(stored_dtype) = numeric(base) else {
+                bail!(
+                    "{}: holds HDF5 type {stored:?}; larder serves numeric arrays (integers, \
+                     floats, booleans) and variable-length arrays of them, not strings, \
+                     compound or reference types",
+                    what()
+                );
+            };
+            if varlen {
+                ensure!(
+                    shape.len() == 1,
+                    "{}: a variable-length dataset must be one-dimensional [N], not {shape:?}",
+                    what()
+                );
+            }
+            let dtype = fc.dtype.unwrap_or(stored_dtype);
+            let boolean = matches!(base, TypeDescriptor::Boolean) && fc.dtype.is_none();
+            let dims = shape[1..]
+                .iter()
+                .map(|&d| u32::try_from(d).context("dimension too large"))
+                .collect::<Result<Vec<_>>>()?;
+            match len {
+                None => len = Some((n, &fc.name)),
+                Some((m, first)) => ensure!(
+                    m == n,
+                    "fields {first:?} and {:?} of {} differ in length: {m} and {n} samples \
+                     (every field's dataset is [N, ...] with the same N)",
+                    fc.name,
+                    path.display()
+                ),
+            }
+            let mut spec = if varlen {
+                FieldSpec::new(&fc.name, dtype, vec![None])
+            } else {
+                FieldSpec::fixed(&fc.name, dtype, &dims)
+            };
+            if let Some(p) = &fc.pair {
+                spec.pair = Some(Pairing {
+                    with: p.with.clone(),
+                    scale: p.scale,
+                });
+            }
+            if let Some(r) = fc.resample {
+                spec.resample = r;
+            }
+            any_varlen |= varlen;
+            specs.push(spec);
+            opened.push(Field {
+                hdf5: name.to_string(),
+                dataset,
+                dtype,
+                boolean,
+                varlen,
+                dims,
+            });
+        }
+        let len = len.map_or(0, |(n, _)| n);
+        // Variable-length data lives in the file's heap, which storage_size does not count.
+        let disk_bytes = if any_varlen {
+            std::fs::metadata(path).map_or(0, |m| m.len())
+        } else {
+            opened.iter().map(|f| f.dataset.storage_size()).sum()
+        };
+        // Reading one sample of a chunked dataset reads (and decompresses) its whole chunk: the
+        // granule is the smallest any field asks for.
+        let granule = opened
+            .iter()
+            .map(|f| match f.dataset.chunk() {
+                Some(chunk) => chunk[0] as u64,
+                None if f.varlen => MAX_GRANULE,
+                None => {
+                    let bytes = f
+                        .dims
+                        .iter()
+                        .fold(f.dtype.size() as u64, |a, &d| a * d as u64);
+                    CONTIGUOUS_GRANULE_BYTES / bytes.max(1)
+                }
+            })
+            .min()
+            .unwrap_or(1)
+            .clamp(1, MAX_GRANULE);
+        Ok(Hdf5Source {
+            path: path.to_path_buf(),
+            fields: opened,
+            specs,
+            len,
+            disk_bytes,
+            granule,
+        })
+    }
+
+    /// The fields as served (HDF5 data is served as stored).
+    pub fn fields(&self) -> &[FieldSpec] {
+        &self.specs
+    }
+}
+
+impl RawSource for Hdf5Source {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_range(&self, start: u64, count: u64) -> Result<Vec<RawSample>> {
+        ensure!(
+            start.checked_add(count).is_some_and(|end| end <= self.len),
+            "samples {start}..{} are out of range (dataset has {})",
+            start.saturating_add(count),
+            self.len
+        );
+        let mut samples: Vec<RawSample> = (0..count)
+            .map(|_| Vec::with_capacity(self.fields.len()))
+            .collect();
+        for f in &self.fields {
+            let values = f
+                .read(start as usize, (start + count) as usize)
+                .with_context(|| {
+                    format!(
+                        "reading samples {start}..{} of {}#{}",
+                        start + count,
+                        self.path.display(),
+                        f.hdf5
+                    )
+                })?;
+            for (sample, v) in samples.iter_mut().zip(values) {
+                sample.push(v);
+            }
+        }
+        Ok(samples)
+    }
+
+    fn read_granule(&self) -> u64 {
+        self.granule
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        self.disk_bytes
+    }
+
+    fn describe(&self) -> String {
+        let names: Vec<&str> = self.fields.iter().map(|f| f.hdf5.as_str()).collect();
+        format!("hdf5:{}#{}", self.path.display(), names.join(","))
+    }
+
+    fn version(&self) -> String {
+        let names: Vec<&str> = self.fields.iter().map(|f| f.hdf5.as_str()).collect();
+        format!("{}#{}", file_version(&self.path), names.join(","))
+    }
+}
+
+/// The bytes of a slice of plain numbers.
+fn bytes_of<T: Copy>(values: &[T]) -> Vec<u8> {
+    // SAFETY: T is a plain number type (the H5Type numbers below): any bytes are valid u8.
+    unsafe {
+        std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+    }
+    .to_vec()
+}
+
+impl Field {
+    /// Values `start..end`, one per sample.
+    fn read(&self, start: usize, end: usize) -> Result<Vec<Value>> {
+        if self.varlen {
+            return self.read_varlen(start, end);
+        }
+        let mut sel = vec![SliceOrIndex::from(start..end)];
+        sel.extend(self.dims.iter().map(|_| SliceOrIndex::from(..)));
+        let sel = Hyperslab::from(sel);
+        let ds = &self.dataset;
+        macro_rules! block {
+            ($t:ty) => {{
+                let a = ds.read_slice::<$t, _, ndarray::IxDyn>(sel)?;
+                bytes_of(a.as_slice().context("non-contiguous read")?)
+            }};
+        }
+        let data = match self.dtype {
+            DType::Uint8 if self.boolean => block!(bool),
+            DType::Uint8 => {
+                ds.read_slice::<u8, _, ndarray::IxDyn>(sel)?
+                    .into_raw_vec_and_offset()
+                    .0
+            }
+            DType::Int8 => block!(i8),
+            DType::Uint16 => block!(u16),
+            DType::Int16 => block!(i16),
+            DType::Uint32 => block!(u32),
+            DType::Int32 => block!(i32),
+            DType::Uint64 => block!(u64),
+            DType::Int64 => block!(i64),
+            DType::Float16 => block!(half::f16),
+            DType::Float32 => block!(f32),
+            DType::Float64 => block!(f64),
+        };
+        let per = self
+            .dims
+            .iter()
+            .fold(self.dtype.size(), |a, &d| a * d as usize);
+        ensure!(
+            data.len() == per * (end - start),
+            "read {} bytes for {} samples",
+            data.len(),
+            end - start
+        );
+        Ok((0..end - start)
+            .map(|i| Value::new(self.dims.clone(), data[i * per..(i + 1) * per].to_vec()))
+            .collect())
+    }
+
+    fn read_varlen(&self, start: usize, end: usize) -> Result<Vec<Value>> {
+        let ds = &self.dataset;
+        macro_rules! clips {
+            ($t:ty) => {
+                ds.read_slice_1d::<VarLenArray<$t>, _>(start..end)?
+                    .iter()
+                    .map(|v| Value::new(vec![v.len() as u32], bytes_of(v.as_slice())))
+                    .collect()
+            };
+        }
+        Ok(match self.dtype {
+            DType::Uint8 if self.boolean => clips!(bool),
+            DType::Uint8 => clips!(u8),
+            DType::Int8 => clips!(i8),
+            DType::Uint16 => clips!(u16),
+            DType::Int16 => clips!(i16),
+            DType::Uint32 => clips!(u32),
+            DType::Int32 => clips!(i32),
+            DType::Uint64 => clips!(u64),
+            DType::Int64 => clips!(i64),
+            DType::Float16 => clips!(half::f16),
+            DType::Float32 => clips!(f32),
+            DType::Float64 => clips!(f64),
+        })
+    }
+}
+
+/// Writes a uint8 HDF5 dataset `samples` shaped [N, shape...] and, if given, int64 `labels`.
+/// Used by `larder demo`, the tests and the benchmarks to make real input files.
+pub fn write_hdf5(
+    path: &Path,
+    samples: &str,
+    shape: &[usize],
+    data: &[u8],
+    labels: Option<(&str, &[i64])>,
+) -> Result<()> {
+    let file = hdf5::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let array = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), data.to_vec())
+        .context("data does not match the shape")?;
+    file.new_dataset_builder()
+        .with_data(&array)
+        .create(samples)
+        .with_context(|| format!("writing dataset {samples:?}"))?;
+    if let Some((name, labels)) = labels {
+        file.new_dataset_builder()
+            .with_data(labels)
+            .create(name)
+            .with_context(|| format!("writing dataset {name:?}"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(names: &[(&str, &str)]) -> Vec<FieldConfig> {
+        names
+            .iter()
+            .map(|(name, hdf5)| FieldConfig {
+                hdf5: Some(hdf5.to_string()),
+                ..FieldConfig::named(name)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn reads_ranges_of_every_field_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.h5");
+        let data: Vec<u8> = (0..5 * 2 * 3).map(|i| i as u8).collect();
+        let labels: Vec<i64> = vec![10, 11, 12, 13, 14];
+        write_hdf5(&path, "x", &[5, 2, 3], &data, Some(("y", &labels))).unwrap();
+        let src = Hdf5Source::open(&path, &fields(&[("image", "x"), ("label", "y")])).unwrap();
+        assert_eq!(src.len(), 5);
+        assert_eq!(
+            src.fields()[0],
+            FieldSpec::fixed("image", DType::Uint8, &[2, 3])
+        );
+        assert_eq!(
+            src.fields()[1],
+            FieldSpec::fixed("label", DType::Int64, &[])
+        );
+        let s = src.read(1).unwrap();
+        assert_eq!(s[0], Value::new(vec![2, 3], data[6..12].to_vec()));
+        assert_eq!(s[1], Value::int64(11));
+        let r = src.read_range(1, 2).unwrap();
+        assert_eq!(r[1][0].data, data[12..18].to_vec());
+        assert_eq!(r[1][1], Value::int64(12));
+        assert!(src.read_range(4, 2).is_err());
+        assert!(src.read(5).is_err());
+        assert!(src.disk_bytes() >= 30 + 40);
+    }
+
+    #[test]
+    fn any_numeric_type_and_variable_lengths() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.h5");
+        let file = hdf5::File::create(&path).unwrap();
+        let flow = ndarray::Array3::<f32>::from_shape_fn((3, 2, 2), |(i, j, k)| {
+            (i * 4 + j * 2 + k) as f32 * 0.5
+        });
+        file.new_dataset_builder()
+            .with_data(&flow)
+            .create("flow")
+            .unwrap();
+        let half = ndarray::Array2::<half::f16>::from_shape_fn((3, 2), |(i, j)| {
+            half::f16::from_f32((i + j) as f32)
+        });
+        file.new_dataset_builder()
+            .with_data(&half)
+            .create("h")
+            .unwrap();
+        let clips: Vec<VarLenArray<i16>> = (0..3)
+            .map(|i| {
+                VarLenArray::from_slice(&(0..i * 2 + 1).map(|v| v as i16 - 3).collect::<Vec<_>>())
+            })
+            .collect();
+        file.new_dataset_builder()
+            .with_data(&clips)
+            .create("clip")
+            .unwrap();
+        file.new_dataset_builder()
+            .with_data(&[true, false, true])
+            .create("ok")
+            .unwrap();
+        drop(file);
+        let src = Hdf5Source::open(
+            &path,
+            &fields(&[("flow", "flow"), ("h", "h"), ("clip", "clip"), ("ok", "ok")]),
+        )
+        .unwrap();
+        assert_eq!(
+            src.fields()[2],
+            FieldSpec::new("clip", DType::Int16, vec![None])
+        );
+        assert_eq!(src.fields()[1].dtype, DType::Float16);
+        assert_eq!(src.fields()[3].dtype, DType::Uint8);
+        let s = src.read_range(0, 3).unwrap();
+        assert_eq!(s[2][0].data, bytes_of(&[4.0f32, 4.5, 5.0, 5.5]));
+        assert_eq!(
+            s[2][1].data,
+            bytes_of(&[half::f16::from_f32(2.0), half::f16::from_f32(3.0)])
+        );
+        assert_eq!(
+            s[2][2],
+            Value::new(vec![5], bytes_of(&[-3i16, -2, -1, 0, 1]))
+        );
+        assert_eq!(s[0][2], Value::new(vec![1], bytes_of(&[-3i16])));
+        assert_eq!(
+            (s[0][3].data.clone(), s[1][3].data.clone()),
+            (vec![1], vec![0])
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field_and_dataset() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.h5");
+        let file = hdf5::File::create(&path).unwrap();
+        file.new_dataset_builder()
+            .with_data(&ndarray::Array2::<u8>::zeros((4, 3)))
+            .create("b")
+            .unwrap();
+        file.new_dataset_builder()
+            .with_data(&[1i32, 2, 3])
+            .create("short")
+            .unwrap();
+        let names: Vec<hdf5::types::VarLenUnicode> =
+            (0..4).map(|i| format!("n{i}").parse().unwrap()).collect();
+        file.new_dataset_builder()
+            .with_data(&names)
+            .create("names")
+            .unwrap();
+        drop(file);
+        let err = format!(
+            "{:#}",
+            Hdf5Source::open(&path, &fields(&[("image", "b"), ("label", "short")]))
+                .err()
+                .unwrap()
+        );
+        assert!(err.contains("fields \"image\" and \"label\""), "{err}");
+        assert!(err.contains("4 and 3 samples"), "{err}");
+        let err = format!(
+            "{:#}",
+            Hdf5Source::open(&path, &fields(&[("name", "names")]))
+                .err()
+                .unwrap()
+        );
+        assert!(
+            err.contains("field \"name\" (HDF5 dataset \"names\""),
+            "{err}"
+        );
+        assert!(err.contains("not strings"), "{err}");
+        let err = format!(
+            "{:#}",
+            Hdf5Source::open(&path, &fields(&[("image", "nope")]))
+                .err()
+                .unwrap()
+        );
+        assert!(err.contains("\"nope\""), "{err}");
+        assert!(err.contains("the file has: b, names, short"), "{err}");
+    }
+
+    #[test]
+    fn opens_a_file_another_process_holds_locked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.h5");
+        write_hdf5(&path, "x", &[2, 3], &[1; 6], None).unwrap();
+        let held = std::fs::File::open(&path).unwrap();
+        held.lock().unwrap(); // flock, as HDF5 takes it
+        let src = Hdf5Source::open(&path, &fields(&[("image", "x")])).unwrap();
+        assert_eq!(src.read(1).unwrap()[0].data, vec![1; 3]);
+    }
+
+    #[test]
+    fn granules_follow_the_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.h5");
+        let granule = |name: &str| {
+            Hdf5Source::open(&path, &fields(&[("x", name)]))
+                .unwrap()
+                .read_granule()
+        };
+        // Contiguous, 64 KiB samples: 1 MiB at a time.
+        write_hdf5(&path, "big", &[40, 1 << 16], &vec![0; 40 << 16], None).unwrap();
+        assert_eq!(granule("big"), 16);
+        // Contiguous, tiny samples: capped.
+        write_hdf5(&path, "small", &[1000, 4], &[0; 4000], None).unwrap();
+        assert_eq!(granule("small"), MAX_GRANULE);
+        // Chunked: one chunk.
+        let file = hdf5::File::create(&path).unwrap();
+        file.new_dataset::<u8>()
+            .chunk([10, 4])
+            .shape([1000, 4])
+            .create("chunked")
+            .unwrap();
+        drop(file);
+        assert_eq!(granule("chunked"), 10);
+    }
+}

@@ -1,0 +1,338 @@
+//! Image folders: the files of the first image field (in class subfolders, or flat), and for
+//! each further image field the file of the same relative name (any image extension) in that
+//! field's folder: `images/` and `masks/`, or `lr/` and `hr/`.
+
+use super::{file_version, RawSample, RawSource};
+use crate::config::{FieldConfig, FieldFrom};
+use crate::fields::Value;
+use anyhow::{bail, ensure, Context, Result};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// File extensions read as images.
+const IMAGE_EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
+
+/// What one raw field of an image folder is.
+enum Column {
+    /// One file per sample.
+    Files(Vec<PathBuf>),
+    /// The sample's class index.
+    Class,
+}
+
+pub struct ImageFolderSource {
+    root: PathBuf,
+    columns: Vec<Column>,
+    /// Class of each sample (0 when the folder has no classes).
+    labels: Vec<i64>,
+    /// Bytes each sample's files take.
+    sizes: Vec<u64>,
+    pub classes: Vec<String>,
+    disk_bytes: u64,
+    version: String,
+}
+
+fn is_image(p: &Path) -> bool {
+    p.is_file()
+        && p.extension().is_some_and(|e| {
+            IMAGE_EXTENSIONS.contains(&e.to_string_lossy().to_lowercase().as_str())
+        })
+}
+
+fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading folder {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    entries.sort();
+    Ok(entries)
+}
+
+/// `rel` without its extension, the key files of paired folders are matched by.
+fn stem_key(rel: &Path) -> PathBuf {
+    rel.with_extension("")
+}
+
+impl ImageFolderSource {
+    /// Opens the folder at `root` for `fields` (image fields have no `from`; the first of them
+    /// names the samples).
+    pub fn open(root: &Path, fields: &[FieldConfig]) -> Result<ImageFolderSource> {
+        let primary = fields
+            .iter()
+            .find(|f| f.from.is_none())
+            .with_context(|| format!("image folder {}: no image field", root.display()))?;
+        for f in fields {
+            ensure!(
+                f.hdf5.is_none() && f.dtype.is_none(),
+                "field {:?}: hdf5 and dtype are for HDF5 files",
+                f.name
+            );
+        }
+        let primary_dir = root.join(primary.folder.as_deref().unwrap_or(Path::new(".")));
+        let entries = sorted_entries(&primary_dir)
+            .with_context(|| format!("image folder of field {:?}", primary.name))?;
+        let class_dirs: Vec<&PathBuf> = entries.iter().filter(|p| p.is_dir()).collect();
+        let wants_class = fields.iter().any(|f| f.from == Some(FieldFrom::Class));
+        // Relative paths of the samples, and their classes.
+        let (mut rels, mut labels, mut classes) = (vec![], vec![], vec![]);
+        // Class subfolders when a field wants the class or the folder holds no images itself;
+        // else the images in the folder.
+        let by_class = wants_class || !entries.iter().any(|p| is_image(p));
+        if by_class {
+            ensure!(
+                !class_dirs.is_empty(),
+                "image folder {} has no class subfolders{}",
+                primary_dir.display(),
+                if wants_class {
+                    " (a field has from = \"class\")"
+                } else {
+                    ""
+                }
+            );
+            for (label, dir) in class_dirs.iter().enumerate() {
+                let class = dir.file_name().unwrap_or_default().to_owned();
+                classes.push(class.to_string_lossy().into_owned());
+                for p in sorted_entries(dir)?.into_iter().filter(|p| is_image(p)) {
+                    rels.push(Path::new(&class).join(p.file_name().unwrap_or_default()));
+                    labels.push(label as i64);
+                }
+            }
+        } else {
+            for p in entries.iter().filter(|p| is_image(p)) {
+                rels.push(PathBuf::from(p.file_name().unwrap_or_default()));
+                labels.push(0);
+            }
+        }
+        ensure!(
+            !rels.is_empty(),
+            "image folder {} has no .jpg, .jpeg or .png files{}",
+            primary_dir.display(),
+            if classes.is_empty() {
+                ""
+            } else {
+                " in its class subfolders"
+            }
+        );
+        let mut columns = vec![];
+        for f in fields {
+            if f.from == Some(FieldFrom::Class) {
+                columns.push(Column::Class);
+                continue;
+            }
+            let dir = root.join(f.folder.as_deref().unwrap_or(Path::new(".")));
+            if std::ptr::eq(f, primary) {
+                columns.push(Column::Files(rels.iter().map(|r| dir.join(r)).collect()));
+                continue;
+            }
+            // Index the paired folder once: relative path without extension -> file.
+            let mut by_stem: HashMap<PathBuf, PathBuf> = HashMap::new();
+            let mut pending = vec![dir.clone()];
+            while let Some(d) = pending.pop() {
+                for p in sorted_entries(&d)
+                    .with_context(|| format!("image folder of field {:?}", f.name))?
+                {
+                    if p.is_dir() {
+                        pending.push(p);
+                    } else if is_image(&p) {
+                        let rel = p.strip_prefix(&dir).unwrap_or(&p);
+                        by_stem.entry(stem_key(rel)).or_insert(p.clone());
+                    }
+                }
+            }
+            let mut files = Vec::with_capacity(rels.len());
+            let mut missing = vec![];
+            for r in &rels {
+                match by_stem.get(&stem_key(r)) {
+                    Some(p) => files.push(p.clone()),
+                    None => missing.push(r.display().to_string()),
+                }
+            }
+            if !missing.is_empty() {
+                bail!(
+                    "field {:?}: {} of {} files have no partner in {} (matched by name without extension), e.g. {}",
+                    f.name,
+                    missing.len(),
+                    rels.len(),
+                    dir.display(),
+                    missing.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
+                );
+            }
+            columns.push(Column::Files(files));
+        }
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        let mut sizes = vec![0u64; rels.len()];
+        for c in &columns {
+            if let Column::Files(files) = c {
+                for (i, path) in files.iter().enumerate() {
+                    std::hash::Hash::hash(&file_version(path), &mut hasher);
+                    sizes[i] += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+                }
+            }
+        }
+        let version = format!(
+            "{}:{}:{:016x}",
+            root.display(),
+            rels.len(),
+            std::hash::Hasher::finish(&hasher)
+        );
+        Ok(ImageFolderSource {
+            root: root.to_path_buf(),
+            disk_bytes: sizes.iter().sum(),
+            columns,
+            labels,
+            sizes,
+            classes,
+            version,
+        })
+    }
+
+    fn primary_file(&self, index: u64) -> Option<&Path> {
+        self.columns.iter().find_map(|c| match c {
+            Column::Files(f) => f.get(index as usize).map(PathBuf::as_path),
+            Column::Class => None,
+        })
+    }
+}
+
+impl RawSource for ImageFolderSource {
+    fn len(&self) -> u64 {
+        self.labels.len() as u64
+    }
+
+    fn read_range(&self, start: u64, count: u64) -> Result<Vec<RawSample>> {
+        (start..start + count)
+            .map(|i| {
+                ensure!(i < self.len(), "sample {i} is out of range");
+                self.columns
+                    .iter()
+                    .map(|c| match c {
+                        Column::Class => Ok(Value::int64(self.labels[i as usize])),
+                        Column::Files(files) => {
+                            let path = &files[i as usize];
+                            let bytes = std::fs::read(path)
+                                .with_context(|| format!("reading {}", path.display()))?;
+                            Ok(Value::new(vec![bytes.len() as u32], bytes))
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        self.disk_bytes
+    }
+
+    fn disk_bytes_of(&self, index: u64) -> u64 {
+        self.sizes.get(index as usize).copied().unwrap_or(0)
+    }
+
+    fn describe(&self) -> String {
+        format!("images:{}", self.root.display())
+    }
+
+    fn sample_name(&self, index: u64) -> String {
+        match self.primary_file(index) {
+            Some(p) => format!("sample {index} ({})", p.display()),
+            None => format!("sample {index}"),
+        }
+    }
+
+    fn version(&self) -> String {
+        self.version.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn classified() -> Vec<FieldConfig> {
+        vec![
+            FieldConfig::named("image"),
+            FieldConfig {
+                from: Some(FieldFrom::Class),
+                ..FieldConfig::named("label")
+            },
+        ]
+    }
+
+    #[test]
+    fn image_folders_label_by_class() {
+        let dir = tempfile::tempdir().unwrap();
+        for (class, names) in [("dog", &["b.png", "a.JPG"][..]), ("cat", &["z.jpeg"][..])] {
+            std::fs::create_dir(dir.path().join(class)).unwrap();
+            for n in names {
+                std::fs::write(dir.path().join(class).join(n), n.as_bytes()).unwrap();
+            }
+        }
+        std::fs::write(dir.path().join("dog/notes.txt"), "skip me").unwrap();
+        let src = ImageFolderSource::open(dir.path(), &classified()).unwrap();
+        assert_eq!(src.classes, vec!["cat", "dog"]);
+        assert_eq!(src.len(), 3);
+        let s = src.read(1).unwrap();
+        assert_eq!(s[0].data, b"a.JPG");
+        assert_eq!(s[1], Value::int64(1));
+        assert_eq!(src.disk_bytes_of(2), 5);
+        assert!(src.sample_name(1).contains("dog/a.JPG"));
+        let empty = tempfile::tempdir().unwrap();
+        let err = format!(
+            "{:#}",
+            ImageFolderSource::open(empty.path(), &classified())
+                .err()
+                .unwrap()
+        );
+        assert!(err.contains("no class subfolders"), "{err}");
+    }
+
+    #[test]
+    fn paired_folders_match_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        for (folder, names) in [
+            ("images", ["a.jpg", "b.jpg"]),
+            ("masks", ["b.png", "a.png"]),
+        ] {
+            std::fs::create_dir(dir.path().join(folder)).unwrap();
+            for n in names {
+                std::fs::write(dir.path().join(folder).join(n), format!("{folder}/{n}")).unwrap();
+            }
+        }
+        let fields = vec![
+            FieldConfig {
+                folder: Some("images".into()),
+                ..FieldConfig::named("image")
+            },
+            FieldConfig {
+                folder: Some("masks".into()),
+                ..FieldConfig::named("mask")
+            },
+        ];
+        let src = ImageFolderSource::open(dir.path(), &fields).unwrap();
+        assert_eq!(src.len(), 2);
+        let s = src.read(1).unwrap();
+        assert_eq!(
+            (&s[0].data[..], &s[1].data[..]),
+            (&b"images/b.jpg"[..], &b"masks/b.png"[..])
+        );
+        std::fs::remove_file(dir.path().join("masks/a.png")).unwrap();
+        let err = format!(
+            "{:#}",
+            ImageFolderSource::open(dir.path(), &fields).err().unwrap()
+        );
+        assert!(
+            err.contains("field \"mask\": 1 of 2 files have no partner"),
+            "{err}"
+        );
+        assert!(err.contains("a.jpg"), "{err}");
+        let mut with_class = fields.clone();
+        with_class.push(classified().pop().unwrap());
+        std::fs::write(dir.path().join("masks/a.png"), "x").unwrap();
+        let err = format!(
+            "{:#}",
+            ImageFolderSource::open(dir.path(), &with_class)
+                .err()
+                .unwrap()
+        );
+        assert!(err.contains("no class subfolders"), "{err}");
+    }
+}

@@ -1,0 +1,65 @@
+//! Raw storage: where samples come from before preprocessing. A source reads a sample's raw
+//! fields, one value each (an array as stored, or an encoded image file).
+
+mod hdf5;
+mod images;
+
+pub use self::hdf5::{write_hdf5, Hdf5Source, MAX_GRANULE};
+pub use self::images::ImageFolderSource;
+
+use crate::fields::Value;
+use anyhow::Result;
+use std::path::Path;
+
+/// One value per raw field.
+pub type RawSample = Vec<Value>;
+
+/// A dataset of raw samples on long-term storage.
+pub trait RawSource: Send + Sync {
+    /// Number of samples.
+    fn len(&self) -> u64;
+    /// The raw fields of samples `start..start + count`.
+    fn read_range(&self, start: u64, count: u64) -> Result<Vec<RawSample>>;
+    /// The raw fields of sample `index`.
+    fn read(&self, index: u64) -> Result<RawSample> {
+        self.read_range(index, 1)?
+            .pop()
+            .ok_or_else(|| anyhow::anyhow!("sample {index} read as nothing"))
+    }
+    /// Samples that are read about as cheaply together, as an aligned range, as one alone: on
+    /// a miss the store reads the whole range and fills the scratch tier with it, so a shuffled
+    /// cold epoch reads raw storage in ranges rather than sample by sample.
+    fn read_granule(&self) -> u64 {
+        1
+    }
+    /// Bytes the raw data takes on disk (for capacity planning).
+    fn disk_bytes(&self) -> u64;
+    /// Bytes sample `index` takes on disk (for the measured expansion factor).
+    fn disk_bytes_of(&self, _index: u64) -> u64 {
+        self.disk_bytes() / self.len().max(1)
+    }
+    /// Human-readable description, e.g. "hdf5:/data/x.h5#images,labels".
+    fn describe(&self) -> String;
+    /// Names sample `index` in messages (its file, for image folders).
+    fn sample_name(&self, index: u64) -> String {
+        format!("sample {index}")
+    }
+    /// Changes whenever the raw data may have changed (path, size, modification time), so the
+    /// scratch tier can tell its shards are out of date.
+    fn version(&self) -> String;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Path, size and modification time of a file, as a version string.
+fn file_version(path: &Path) -> String {
+    let meta = std::fs::metadata(path).ok();
+    let len = meta.as_ref().map_or(0, |m| m.len());
+    let mtime = meta
+        .and_then(|m| m.modified().ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    format!("{}:{len}:{mtime}", path.display())
+}
