@@ -1,10 +1,10 @@
 """Python client for larderd: preprocessed training batches over gRPC.
 
-`Client` streams batches as numpy arrays (and torch tensors); `larder.torch` has a
+`Client` streams batches of named, typed fields as numpy arrays (and torch tensors); `larder.torch` has a
 `torch.utils.data.IterableDataset` for DataLoader workers and DDP ranks.
 """
 
-from larder.client import Batch, Client, LarderError, DEFAULT_ADDRESS
+from larder.client import Batch, Client, LarderError, Ragged, DEFAULT_ADDRESS
 
-__all__ = ["Batch", "Client", "LarderError", "DEFAULT_ADDRESS"]
+__all__ = ["Batch", "Client", "LarderError", "Ragged", "DEFAULT_ADDRESS"]
 __version__ = "0.1.0"

@@ -6,7 +6,8 @@ import logging
 import os
 import time
 import warnings
-from typing import Iterator, List, Optional, Tuple
+from collections.abc import Mapping
+from typing import Dict, Iterator, List, Optional, Sequence, Union
 
 import grpc
 import numpy as np
@@ -39,33 +40,124 @@ def _target(address: str) -> str:
     return address
 
 
-class Batch:
-    """One batch. `images` is a read-only uint8 array [B, ...] that shares memory with the
-    received message: no copy is made on the way to numpy or torch."""
+class Ragged:
+    """A variable-shape field in the offsets layout: sample i is
+    `values[offsets[i]:offsets[i + 1]].reshape(shapes[i])`."""
 
-    __slots__ = ("index", "num_batches", "images", "labels", "sample_ids")
+    __slots__ = ("values", "offsets", "shapes")
+
+    def __init__(self, values: np.ndarray, offsets: np.ndarray, shapes: np.ndarray):
+        self.values = values
+        self.offsets = offsets
+        self.shapes = shapes
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.values[self.offsets[i] : self.offsets[i + 1]].reshape(tuple(self.shapes[i]))
+
+
+def _field(f: "pb.FieldBatch", n: int):
+    """(array or Ragged, lengths or None) of one FieldBatch; arrays share the message's bytes."""
+    dtype = np.dtype(f.dtype)
+    values = np.frombuffer(f.data, dtype=dtype)
+    template = list(f.sample_shape)
+    variable = [i for i, d in enumerate(template) if d < 0]
+    if not variable:
+        return values.reshape(tuple(f.shape)), None
+    lengths = np.asarray(f.lengths, dtype=np.int64).reshape(n, len(variable))
+    if f.offsets:
+        shapes = np.tile(np.asarray(template, dtype=np.int64), (n, 1))
+        shapes[:, variable] = lengths
+        return Ragged(values, np.asarray(f.offsets, dtype=np.int64), shapes), lengths
+    return values.reshape(tuple(f.shape)), lengths
+
+
+class Batch(Mapping):
+    """One batch: a mapping from field name to a numpy array [B, ...] of the field's stored dtype,
+    sharing memory with the received message (read-only; no copy on the way to numpy or torch).
+
+    A field whose shape varies by sample comes padded with zeros to the batch's largest value,
+    its sizes along the variable dims in `lengths[name]` (int64 [B, variable dims]), or, when
+    the stream asked for `variable_layout="offsets"`, as a `Ragged`. `size` is the number of
+    samples; `images` and `labels` are the "image" and "label" fields.
+    """
+
+    __slots__ = ("index", "num_batches", "sample_ids", "fields", "lengths")
 
     def __init__(self, msg: "pb.Batch"):
         self.index: int = msg.batch_index
         self.num_batches: int = msg.num_batches
-        data = msg.data  # one bytes object; the arrays below are views of it
-        self.images: np.ndarray = np.frombuffer(data, dtype=np.uint8).reshape(tuple(msg.shape))
-        self.labels: np.ndarray = np.asarray(msg.labels, dtype=np.int64)
         self.sample_ids: np.ndarray = np.asarray(msg.sample_ids, dtype=np.int64)
+        n = len(self.sample_ids)
+        self.fields: Dict[str, Union[np.ndarray, Ragged]] = {}
+        self.lengths: Dict[str, np.ndarray] = {}
+        for f in msg.fields:
+            self.fields[f.name], lengths = _field(f, n)
+            if lengths is not None:
+                self.lengths[f.name] = lengths
+
+    def __getitem__(self, name: str):
+        try:
+            return self.fields[name]
+        except KeyError:
+            raise KeyError(f"no field {name!r}; this batch has {', '.join(self.fields)}") from None
+
+    def __iter__(self):
+        return iter(self.fields)
 
     def __len__(self) -> int:
-        return int(self.images.shape[0])
+        return len(self.fields)
 
-    def torch(self) -> Tuple["torch.Tensor", "torch.Tensor"]:  # noqa: F821
-        """(images, labels) as torch tensors. The images tensor shares the message's memory
-        (read-only: do not modify it in place; move it to the GPU and convert there)."""
+    @property
+    def size(self) -> int:
+        """Samples in the batch."""
+        return len(self.sample_ids)
+
+    @property
+    def images(self) -> np.ndarray:
+        return self["image"]
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self["label"]
+
+    def torch(self, fields: Optional[Sequence[str]] = None):
+        """The fields as torch tensors sharing this batch's memory (read-only: do not modify them
+        in place; move them to the GPU and convert there).
+
+        With `fields`, a tuple of those fields in that order; a name `X_lengths` (or
+        `X_offsets`) gives a variable field's lengths (or offsets). Without, a dataset whose
+        fields are exactly "image" and "label" gives the tuple (images, labels), as before
+        typed fields; any other a dict of every field (with `X_lengths` / `X_offsets` entries
+        for variable fields).
+        """
         import torch
 
-        with warnings.catch_warnings():
-            # The buffer is immutable bytes; torch warns that it cannot be written to.
-            warnings.simplefilter("ignore", UserWarning)
-            images = torch.from_numpy(self.images)
-        return images, torch.from_numpy(self.labels)
+        def tensor(a: np.ndarray):
+            with warnings.catch_warnings():
+                # The buffer is immutable bytes; torch warns that it cannot be written to.
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.from_numpy(a)
+
+        out = {}
+        for name, v in self.fields.items():
+            if isinstance(v, Ragged):
+                out[name] = tensor(v.values)
+                out[name + "_offsets"] = tensor(v.offsets)
+            else:
+                out[name] = tensor(v)
+            if name in self.lengths:
+                out[name + "_lengths"] = tensor(self.lengths[name])
+        if fields is not None:
+            missing = [f for f in fields if f not in out]
+            if missing:
+                raise KeyError(f"no field {missing[0]!r}; this batch has {', '.join(out)}")
+            return tuple(out[f] for f in fields)
+        if list(self.fields) == ["image", "label"]:
+            return out["image"], out["label"]
+        return out
 
 
 class Client:
@@ -135,13 +227,22 @@ class Client:
         start_batch: int = 0,
         shuffle: bool = True,
         drop_last: bool = False,
+        fields: Optional[Sequence[str]] = None,
+        variable_layout: str = "padded",
     ) -> Iterator[Batch]:
         """The batches of one epoch of rank `rank`'s shard, from `start_batch` on.
+
+        `fields` picks and orders the fields served (default: all). Fields whose shape varies
+        by sample come padded, with lengths (`variable_layout="padded"`), or as values plus
+        offsets (`"offsets"`).
 
         The order is a function of (seed, epoch) only, so if the daemon goes away the stream
         reconnects and asks for the rest, starting at the next batch it has not yielded: every
         sample still comes exactly once.
         """
+        layouts = {"padded": pb.PADDED, "offsets": pb.OFFSETS}
+        if variable_layout not in layouts:
+            raise ValueError(f"variable_layout must be 'padded' or 'offsets', not {variable_layout!r}")
         next_batch = start_batch
         retry_until = None
         delay = 0.05
@@ -156,6 +257,9 @@ class Client:
                 start_batch=next_batch,
                 sequential=not shuffle,
                 drop_last=drop_last,
+                fields=list(fields or []),
+                variable_layout=layouts[variable_layout],
+                layout_version=1,
             )
             call = self._stub.StreamBatches(request)
             try:

@@ -54,7 +54,9 @@ def resume_points(start_step: int, batches_per_worker: List[int]) -> Tuple[List[
 
 
 class LarderIterableDataset(IterableDataset):
-    """Batches of `dataset` from larderd as (uint8 images, int64 labels) tensors.
+    """Batches of `dataset` from larderd as torch tensors: (images, labels) for a dataset of an
+    image and a label, a tuple of the `fields` named (in that order; `X_lengths` names a
+    variable field's lengths), or else a dict of every field (see `larder.Batch.torch`).
 
     Use with `DataLoader(ds, batch_size=None, num_workers=K)`: the daemon batches. Each DDP rank
     (given as rank/world_size, or taken from torch.distributed when it is initialized before the
@@ -79,6 +81,8 @@ class LarderIterableDataset(IterableDataset):
         shuffle: bool = True,
         drop_last: bool = False,
         reconnect_timeout: float = 60.0,
+        fields: Optional[Sequence[str]] = None,
+        variable_layout: str = "padded",
     ):
         super().__init__()
         self.dataset = dataset
@@ -92,6 +96,8 @@ class LarderIterableDataset(IterableDataset):
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.reconnect_timeout = reconnect_timeout
+        self.fields = tuple(fields) if fields is not None else None
+        self.variable_layout = variable_layout
         self._ddp = self._resolve_ddp()
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
@@ -137,5 +143,21 @@ class LarderIterableDataset(IterableDataset):
                 start_batch=start,
                 shuffle=self.shuffle,
                 drop_last=self.drop_last,
+                fields=self._served_fields(),
+                variable_layout=self.variable_layout,
             ):
-                yield batch.torch()
+                yield batch.torch(self.fields)
+
+    def _served_fields(self) -> Optional[List[str]]:
+        """The dataset fields the requested tensors need (X_lengths and X_offsets come with X)."""
+        if self.fields is None:
+            return None
+        names: List[str] = []
+        for f in self.fields:
+            for suffix in ("_lengths", "_offsets"):
+                if f.endswith(suffix):
+                    f = f[: -len(suffix)]
+                    break
+            if f not in names:
+                names.append(f)
+        return names

@@ -19,7 +19,7 @@ def check_batches(batches, n=300):
     ids = []
     for b in batches:
         assert b.images.dtype == np.uint8
-        assert b.images.shape == (len(b),) + SHAPE
+        assert b.images.shape == (b.size,) + SHAPE
         for k, i in enumerate(b.sample_ids):
             np.testing.assert_array_equal(b.images[k].reshape(-1), sample(int(i), LENGTH))
             assert b.labels[k] == i % 10

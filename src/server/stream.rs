@@ -169,6 +169,7 @@ fn pack<'a>(
     let mut out = FieldBatch {
         name: spec.name.clone(),
         dtype: spec.dtype.name().to_string(),
+        sample_shape: spec.shape_i64(),
         ..Default::default()
     };
     let item = spec.dtype.size();

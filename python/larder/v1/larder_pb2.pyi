@@ -1,10 +1,18 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class VariableLayout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PADDED: _ClassVar[VariableLayout]
+    OFFSETS: _ClassVar[VariableLayout]
+PADDED: VariableLayout
+OFFSETS: VariableLayout
 
 class WarmRequest(_message.Message):
     __slots__ = ("dataset",)
@@ -28,21 +36,39 @@ class ListDatasetsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class FieldInfo(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "paired_with", "scale", "resample")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    PAIRED_WITH_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    RESAMPLE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    paired_with: str
+    scale: int
+    resample: str
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., paired_with: _Optional[str] = ..., scale: _Optional[int] = ..., resample: _Optional[str] = ...) -> None: ...
+
 class DatasetInfo(_message.Message):
-    __slots__ = ("name", "num_samples", "sample_shape", "has_labels", "source", "sample_bytes")
+    __slots__ = ("name", "num_samples", "sample_shape", "has_labels", "source", "sample_bytes", "fields")
     NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_SHAPE_FIELD_NUMBER: _ClassVar[int]
     HAS_LABELS_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     num_samples: int
     sample_shape: _containers.RepeatedScalarFieldContainer[int]
     has_labels: bool
     source: str
     sample_bytes: int
-    def __init__(self, name: _Optional[str] = ..., num_samples: _Optional[int] = ..., sample_shape: _Optional[_Iterable[int]] = ..., has_labels: _Optional[bool] = ..., source: _Optional[str] = ..., sample_bytes: _Optional[int] = ...) -> None: ...
+    fields: _containers.RepeatedCompositeFieldContainer[FieldInfo]
+    def __init__(self, name: _Optional[str] = ..., num_samples: _Optional[int] = ..., sample_shape: _Optional[_Iterable[int]] = ..., has_labels: _Optional[bool] = ..., source: _Optional[str] = ..., sample_bytes: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[FieldInfo, _Mapping]]] = ...) -> None: ...
 
 class ListDatasetsResponse(_message.Message):
     __slots__ = ("datasets",)
@@ -51,7 +77,7 @@ class ListDatasetsResponse(_message.Message):
     def __init__(self, datasets: _Optional[_Iterable[_Union[DatasetInfo, _Mapping]]] = ...) -> None: ...
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = ("dataset", "batch_size", "seed", "epoch", "rank", "world_size", "start_batch", "sequential", "drop_last")
+    __slots__ = ("dataset", "batch_size", "seed", "epoch", "rank", "world_size", "start_batch", "sequential", "drop_last", "fields", "variable_layout", "layout_version")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +87,9 @@ class StreamBatchesRequest(_message.Message):
     START_BATCH_FIELD_NUMBER: _ClassVar[int]
     SEQUENTIAL_FIELD_NUMBER: _ClassVar[int]
     DROP_LAST_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    VARIABLE_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     batch_size: int
     seed: int
@@ -70,23 +99,46 @@ class StreamBatchesRequest(_message.Message):
     start_batch: int
     sequential: bool
     drop_last: bool
-    def __init__(self, dataset: _Optional[str] = ..., batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., sequential: _Optional[bool] = ..., drop_last: _Optional[bool] = ...) -> None: ...
+    fields: _containers.RepeatedScalarFieldContainer[str]
+    variable_layout: VariableLayout
+    layout_version: int
+    def __init__(self, dataset: _Optional[str] = ..., batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., sequential: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., fields: _Optional[_Iterable[str]] = ..., variable_layout: _Optional[_Union[VariableLayout, str]] = ..., layout_version: _Optional[int] = ...) -> None: ...
+
+class FieldBatch(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "data", "lengths", "offsets", "sample_shape")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    lengths: _containers.RepeatedScalarFieldContainer[int]
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    sample_shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., lengths: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., sample_shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("batch_index", "num_batches", "shape", "data", "labels", "sample_ids")
+    __slots__ = ("batch_index", "num_batches", "shape", "data", "labels", "sample_ids", "fields")
     BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_BATCHES_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_IDS_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
     batch_index: int
     num_batches: int
     shape: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
     labels: _containers.RepeatedScalarFieldContainer[int]
     sample_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, batch_index: _Optional[int] = ..., num_batches: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., sample_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    fields: _containers.RepeatedCompositeFieldContainer[FieldBatch]
+    def __init__(self, batch_index: _Optional[int] = ..., num_batches: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., sample_ids: _Optional[_Iterable[int]] = ..., fields: _Optional[_Iterable[_Union[FieldBatch, _Mapping]]] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()
