@@ -43,6 +43,76 @@ pub fn make_dataset(path: &Path, n: u64, shape: &[usize]) -> Result<()> {
     )
 }
 
+/// Writes a super-resolution set to `path`: uint8 low-res images "lr" [N, 3, 16, 16] and their
+/// high-res targets "hr" [N, 3, 64, 64] (each lr pixel a 4x4 block of hr).
+pub fn make_super_resolution(path: &Path, n: usize) -> Result<()> {
+    let hr = ndarray::Array4::<u8>::from_shape_fn((n, 3, 64, 64), |(i, c, y, x)| {
+        sample_byte(i as u64, c * 4096 + (y / 4) * 64 + x / 4)
+    });
+    let lr = ndarray::Array4::<u8>::from_shape_fn((n, 3, 16, 16), |(i, c, y, x)| {
+        hr[[i, c, y * 4, x * 4]]
+    });
+    let file = hdf5::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    file.new_dataset_builder().with_data(&lr).create("lr")?;
+    file.new_dataset_builder().with_data(&hr).create("hr")?;
+    Ok(())
+}
+
+/// Writes a segmentation folder under `root`: `images/NNN.png` (RGB, of varying sizes) and
+/// `masks/NNN.png` (palette PNGs whose indices are class ids 0..4).
+pub fn make_segmentation(root: &Path, n: u32) -> Result<()> {
+    for dir in ["images", "masks"] {
+        std::fs::create_dir_all(root.join(dir))?;
+    }
+    for i in 0..n {
+        let (w, h) = (48 + 4 * (i % 5), 40 + 2 * (i % 7));
+        let class = |x: u32, y: u32| ((x / 12 + y / 10 + i) % 5) as u8;
+        let img = image::RgbImage::from_fn(w, h, |x, y| {
+            let c = class(x, y);
+            image::Rgb([c * 50, (x * 5) as u8, (y * 5) as u8])
+        });
+        img.save(root.join("images").join(format!("{i:03}.png")))?;
+        let file = std::fs::File::create(root.join("masks").join(format!("{i:03}.png")))?;
+        let mut enc = png::Encoder::new(std::io::BufWriter::new(file), w, h);
+        enc.set_color(png::ColorType::Indexed);
+        enc.set_depth(png::BitDepth::Eight);
+        enc.set_palette(
+            (0..=255u8)
+                .flat_map(|c| [c.wrapping_mul(50), 255 - c, 128])
+                .collect::<Vec<_>>(),
+        );
+        let ids: Vec<u8> = (0..h)
+            .flat_map(|y| (0..w).map(move |x| class(x, y)))
+            .collect();
+        enc.write_header()?.write_image_data(&ids)?;
+    }
+    Ok(())
+}
+
+/// Fields as one line, e.g. `lr uint8 [3, 16, 16], hr uint8 [3, 64, 64] (pairs with lr x4)`.
+pub fn describe_fields(fields: &[crate::proto::FieldInfo]) -> String {
+    fields
+        .iter()
+        .map(|f| {
+            let dims: Vec<String> = f
+                .shape
+                .iter()
+                .map(|&d| if d < 0 { "*".into() } else { d.to_string() })
+                .collect();
+            let pair = if f.paired_with.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (pairs with {} x{}, {})",
+                    f.paired_with, f.scale, f.resample
+                )
+            };
+            format!("{} {} [{}]{pair}", f.name, f.dtype, dims.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 pub struct DemoOptions {
     pub samples: u64,
     pub clients: u32,
@@ -70,6 +140,10 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
         budget,
         opts.cache_fraction * 100.0
     );
+    let sr = dir.path().join("sr.h5");
+    make_super_resolution(&sr, 256)?;
+    let seg = dir.path().join("seg");
+    make_segmentation(&seg, 64)?;
     let config = Config::parse(&format!(
         r#"
         listen = "127.0.0.1:0"
@@ -82,6 +156,31 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
         path = {path:?}
         samples = "images"
         labels = "labels"
+
+        # Super-resolution: low-res inputs and high-res targets, paired at scale 4.
+        [[dataset]]
+        name = "sr"
+        path = {sr:?}
+        [[dataset.field]]
+        name = "lr"
+        [[dataset.field]]
+        name = "hr"
+        pair = {{ with = "lr", scale = 4 }}
+
+        # Segmentation: images/ and masks/ matched by file name; masks keep their class ids.
+        [[dataset]]
+        name = "seg"
+        kind = "images"
+        path = {seg:?}
+        resize = 32
+        crop = 32
+        [[dataset.field]]
+        name = "image"
+        folder = "images"
+        [[dataset.field]]
+        name = "mask"
+        folder = "masks"
+        mode = "index"
         "#,
         scratch = dir.path().join("scratch"),
         path = path,
@@ -93,7 +192,49 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
         opts.clients, opts.epochs, opts.batch_size
     );
 
+    let mut client = connect(&addr).await?;
+    let list = client
+        .list_datasets(ListDatasetsRequest {})
+        .await?
+        .into_inner();
+    println!("demo: datasets served:");
+    for d in &list.datasets {
+        println!(
+            "  {:<6} {:>6} samples: {}",
+            d.name,
+            d.num_samples,
+            describe_fields(&d.fields)
+        );
+    }
+    println!(
+        "\ndemo: classification, {} concurrent clients (the memory tier holds {:.0}% of it):",
+        opts.clients,
+        opts.cache_fraction * 100.0
+    );
     run_epochs(&addr, "demo", opts.clients, opts.epochs, opts.batch_size).await?;
+    for d in list.datasets.iter().filter(|d| d.name != "demo") {
+        let req = StreamBatchesRequest {
+            dataset: d.name.clone(),
+            batch_size: 16,
+            layout_version: 1,
+            ..Default::default()
+        };
+        let batches = collect_batches(&mut client, req).await?;
+        let mut seen: Vec<u64> = batches.iter().flat_map(|b| b.sample_ids.clone()).collect();
+        seen.sort_unstable();
+        ensure!(
+            seen.iter().copied().eq(0..d.num_samples),
+            "{}: not every sample exactly once",
+            d.name
+        );
+        println!(
+            "\ndemo: {}, one epoch, every sample exactly once: ok; a batch holds",
+            d.name
+        );
+        for f in &batches[0].fields {
+            println!("  {:<6} {:<8} {:?}", f.name, f.dtype, f.shape);
+        }
+    }
     daemon.shutdown().await
 }
 
@@ -135,6 +276,7 @@ pub async fn run_epochs(
                 seed: 1000 + c as u64,
                 epoch,
                 world_size: 1,
+                layout_version: 1,
                 ..Default::default()
             };
             jobs.push(tokio::spawn(async move {
@@ -146,7 +288,11 @@ pub async fn run_epochs(
         for job in jobs {
             let batches = job.await.context("client task panicked")??;
             let mut seen: Vec<u64> = batches.iter().flat_map(|b| b.sample_ids.clone()).collect();
-            bytes += batches.iter().map(|b| b.data.len()).sum::<usize>();
+            bytes += batches
+                .iter()
+                .flat_map(|b| &b.fields)
+                .map(|f| f.data.len())
+                .sum::<usize>();
             seen.sort_unstable();
             ensure!(
                 seen.iter().copied().eq(0..n),

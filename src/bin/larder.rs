@@ -73,17 +73,13 @@ async fn main() -> Result<()> {
                 .list_datasets(ListDatasetsRequest {})
                 .await?
                 .into_inner();
-            println!(
-                "{:<20} {:>10} {:<16} {:<7} source",
-                "name", "samples", "shape", "labels"
-            );
+            println!("{:<20} {:>10}  fields; source", "name", "samples");
             for d in list.datasets {
                 println!(
-                    "{:<20} {:>10} {:<16} {:<7} {}",
+                    "{:<20} {:>10}  {}; {}",
                     d.name,
                     d.num_samples,
-                    format!("{:?}", d.sample_shape),
-                    if d.has_labels { "yes" } else { "no" },
+                    larder::demo::describe_fields(&d.fields),
                     d.source
                 );
             }
