@@ -231,6 +231,8 @@ pub struct Schema {
     pub fields: Vec<FieldSpec>,
     /// Bytes of a record when every field is fixed.
     fixed_record: Option<u64>,
+    /// Where each field's bytes lie in a record, when every field is fixed.
+    fixed_ranges: Option<Vec<std::ops::Range<usize>>>,
 }
 
 impl Schema {
@@ -287,9 +289,21 @@ impl Schema {
         let fixed_record = fields
             .iter()
             .try_fold(0u64, |acc, f| f.fixed_bytes().map(|b| acc + b));
+        let fixed_ranges = fixed_record.map(|_| {
+            let mut at = 0;
+            fields
+                .iter()
+                .map(|f| {
+                    let n = f.fixed_bytes().unwrap_or(0) as usize;
+                    at += n;
+                    at - n..at
+                })
+                .collect()
+        });
         Ok(Schema {
             fields,
             fixed_record,
+            fixed_ranges,
         })
     }
 
@@ -304,6 +318,11 @@ impl Schema {
     /// Bytes of every record, when all fields are fixed.
     pub fn fixed_record_bytes(&self) -> Option<u64> {
         self.fixed_record
+    }
+
+    /// Where each field's bytes lie in every record, when all fields are fixed.
+    pub fn fixed_ranges(&self) -> Option<&[std::ops::Range<usize>]> {
+        self.fixed_ranges.as_deref()
     }
 
     /// Identifies the schema (for the scratch tier's fingerprint).
@@ -451,6 +470,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(s.fixed_record_bytes(), Some(12));
+        assert_eq!(s.fixed_ranges().unwrap(), &[0..4, 4..12]);
         let rec = s
             .encode(&[Value::new(vec![2, 2], vec![1, 2, 3, 4]), Value::int64(3)])
             .unwrap();

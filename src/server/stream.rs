@@ -111,21 +111,9 @@ pub async fn assemble(
 ) -> Result<Batch> {
     let ids = plan.batch(b);
     let samples = futures::future::try_join_all(ids.iter().map(|&i| store.get(ds, i))).await?;
-    let records = samples
-        .iter()
-        .zip(ids)
-        .map(|(s, &i)| {
-            ds.schema
-                .decode(s)
-                .with_context(|| format!("sample {i} of {:?} does not fit its fields", ds.name))
-        })
-        .collect::<Result<Vec<_>>>()?;
     let mut fields = Vec::with_capacity(sel.fields.len());
     let mut bytes = 0u64;
-    for &f in &sel.fields {
-        let spec = &ds.schema.fields[f];
-        let values = records.iter().map(|r| (&r[f].dims[..], r[f].data));
-        let batch = pack(spec, values, ids.len(), sel.layout);
+    let mut add = |batch: FieldBatch| {
         bytes += batch.data.len() as u64;
         ensure!(
             bytes <= MAX_BATCH_BYTES,
@@ -133,6 +121,38 @@ pub async fn assemble(
             ds.name
         );
         fields.push(batch);
+        Ok(())
+    };
+    if let Some(ranges) = ds.schema.fixed_ranges() {
+        // Every field fixed: each lies at the same place in every record.
+        let size = ds.schema.fixed_record_bytes().unwrap_or(0) as usize;
+        for (s, &i) in samples.iter().zip(ids) {
+            ensure!(
+                s.len() == size,
+                "sample {i} of {:?} has {} bytes, its fields take {size}",
+                ds.name,
+                s.len()
+            );
+        }
+        for &f in &sel.fields {
+            let r = ranges[f].clone();
+            let values = samples.iter().map(|s| (&[][..], &s[r.clone()]));
+            add(pack(&ds.schema.fields[f], values, ids.len(), sel.layout))?;
+        }
+    } else {
+        let records = samples
+            .iter()
+            .zip(ids)
+            .map(|(s, &i)| {
+                ds.schema
+                    .decode(s)
+                    .with_context(|| format!("sample {i} of {:?} does not fit its fields", ds.name))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for &f in &sel.fields {
+            let values = records.iter().map(|r| (&r[f].dims[..], r[f].data));
+            add(pack(&ds.schema.fields[f], values, ids.len(), sel.layout))?;
+        }
     }
     let mut batch = Batch {
         batch_index: b,
