@@ -53,7 +53,8 @@ def main() -> None:
 
     with larder.Client(args.address) as client:
         info = client.dataset(args.dataset)
-    channels = info.sample_shape[0]
+    image = next(f for f in info.fields if f.name == "image")
+    channels = image.shape[0]
     model = model_for(channels, args.classes).to(device)
     if dist.is_initialized():
         model = nn.parallel.DistributedDataParallel(model)
