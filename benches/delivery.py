@@ -140,6 +140,7 @@ def main():
         baseline = timed_epochs(args.epochs, base_epoch)
         src = np.random.default_rng(1).integers(0, 256, 256 << 20, dtype=np.uint8)
         dst = np.empty_like(src)
+        np.copyto(dst, src)  # fault the pages in first
         t = time.perf_counter()
         for _ in range(4):
             np.copyto(dst, src)

@@ -22,7 +22,14 @@ struct Field {
     varlen: bool,
     /// Dims of one value (fixed fields).
     dims: Vec<u32>,
+    /// Small fields (labels and other few-byte values) are read whole at open and served from
+    /// memory: a range read then costs one HDF5 read, of the large fields, not one per field.
+    column: Option<Vec<u8>>,
 }
+
+/// Fields of at most this many bytes per sample, and this many in all, are kept in memory.
+const COLUMN_VALUE_BYTES: u64 = 64;
+const COLUMN_TOTAL_BYTES: u64 = 16 << 20;
 
 /// An HDF5 file whose datasets [N, ...] are the fields of N samples.
 pub struct Hdf5Source {
@@ -157,15 +164,24 @@ impl Hdf5Source {
                 spec.resample = r;
             }
             any_varlen |= varlen;
-            specs.push(spec);
-            opened.push(Field {
+            let mut field = Field {
                 hdf5: name.to_string(),
                 dataset,
                 dtype,
                 boolean,
                 varlen,
                 dims,
-            });
+                column: None,
+            };
+            let value_bytes = spec.fixed_bytes().unwrap_or(u64::MAX);
+            if value_bytes <= COLUMN_VALUE_BYTES && value_bytes * n <= COLUMN_TOTAL_BYTES {
+                let all = field
+                    .read_block(0, n as usize)
+                    .with_context(|| format!("{}: reading its values", what()))?;
+                field.column = Some(all);
+            }
+            specs.push(spec);
+            opened.push(field);
         }
         let len = len.map_or(0, |(n, _)| n);
         // Variable-length data lives in the file's heap, which storage_size does not count.
@@ -275,6 +291,31 @@ impl Field {
         if self.varlen {
             return self.read_varlen(start, end);
         }
+        let per = self
+            .dims
+            .iter()
+            .fold(self.dtype.size(), |a, &d| a * d as usize);
+        let block;
+        let data = match &self.column {
+            Some(column) => &column[start * per..end * per],
+            None => {
+                block = self.read_block(start, end)?;
+                &block[..]
+            }
+        };
+        ensure!(
+            data.len() == per * (end - start),
+            "read {} bytes for {} samples",
+            data.len(),
+            end - start
+        );
+        Ok((0..end - start)
+            .map(|i| Value::new(self.dims.clone(), data[i * per..(i + 1) * per].to_vec()))
+            .collect())
+    }
+
+    /// The bytes of values `start..end`, in one hyperslab read.
+    fn read_block(&self, start: usize, end: usize) -> Result<Vec<u8>> {
         let mut sel = vec![SliceOrIndex::from(start..end)];
         sel.extend(self.dims.iter().map(|_| SliceOrIndex::from(..)));
         let sel = Hyperslab::from(sel);
@@ -303,19 +344,7 @@ impl Field {
             DType::Float32 => block!(f32),
             DType::Float64 => block!(f64),
         };
-        let per = self
-            .dims
-            .iter()
-            .fold(self.dtype.size(), |a, &d| a * d as usize);
-        ensure!(
-            data.len() == per * (end - start),
-            "read {} bytes for {} samples",
-            data.len(),
-            end - start
-        );
-        Ok((0..end - start)
-            .map(|i| Value::new(self.dims.clone(), data[i * per..(i + 1) * per].to_vec()))
-            .collect())
+        Ok(data)
     }
 
     fn read_varlen(&self, start: usize, end: usize) -> Result<Vec<Value>> {
