@@ -99,19 +99,8 @@ def main():
             while not sock.exists():
                 time.sleep(0.05)
             addr = f"unix:{sock}"
-            with larder.Client(addr) as c:
-                for _ in c.stream("d", 512):  # warm the memory tier
-                    pass
-
-                def stream_epoch(e):
-                    k = 0
-                    for b in c.stream("d", BATCH, seed=1, epoch=e):
-                        images, labels = b.torch()
-                        touch(images)
-                        k += images.shape[0]
-                    return k
-
-                one_process = timed_epochs(args.epochs, stream_epoch)
+            # DataLoader workers first: gRPC is not fork-safe, so the parent opens no channel
+            # before the workers are forked. The first epoch warms the memory tier.
             ds = LarderIterableDataset("d", BATCH, address=addr, seed=1)
             loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=False)
 
@@ -123,7 +112,18 @@ def main():
                     k += images.shape[0]
                 return k
 
-            workers = timed_epochs(args.epochs, loader_epoch)
+            workers = timed_epochs(args.epochs + 1, loader_epoch)
+            with larder.Client(addr) as c:
+
+                def stream_epoch(e):
+                    k = 0
+                    for b in c.stream("d", BATCH, seed=1, epoch=e):
+                        images, labels = b.torch()
+                        touch(images)
+                        k += images.shape[0]
+                    return k
+
+                one_process = timed_epochs(args.epochs, stream_epoch)
         finally:
             daemon.terminate()
             daemon.wait()
