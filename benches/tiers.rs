@@ -3,8 +3,8 @@
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use larder::config::{FieldConfig, ImageMode};
-use larder::fields::{Resample, Value};
+use larder::config::FieldConfig;
+use larder::fields::Value;
 use larder::memory::MemoryTier;
 use larder::preprocess::{FieldOp, Preprocess};
 use larder::sampler::epoch_order;
@@ -111,11 +111,7 @@ fn preprocess(c: &mut Criterion) {
     img.write_to(&mut jpeg, image::ImageFormat::Jpeg).unwrap();
     let jpeg = jpeg.into_inner();
     let p = Preprocess::Images {
-        ops: vec![FieldOp::Decode {
-            mode: ImageMode::Rgb,
-            scale: 1,
-            resample: Resample::Linear,
-        }],
+        ops: vec![FieldOp::rgb()],
         resize: 256,
         crop: 224,
     };

@@ -37,6 +37,15 @@ pub enum Preprocess {
 }
 
 impl FieldOp {
+    /// An RGB image, the reference of its group (scale 1), resampled linearly.
+    pub fn rgb() -> FieldOp {
+        FieldOp::Decode {
+            mode: ImageMode::Rgb,
+            scale: 1,
+            resample: Resample::Linear,
+        }
+    }
+
     /// The field this op makes from a raw field named `name`.
     pub fn field(&self, name: &str, crop: u32) -> FieldSpec {
         let FieldOp::Decode {
@@ -283,11 +292,7 @@ mod tests {
     }
 
     fn rgb() -> FieldOp {
-        FieldOp::Decode {
-            mode: ImageMode::Rgb,
-            scale: 1,
-            resample: Resample::Linear,
-        }
+        FieldOp::rgb()
     }
 
     #[test]

@@ -6,9 +6,8 @@ mod common;
 use common::{bytes_read, check_epoch, hits, stats, SAMPLE_BYTES, SHAPE};
 use larder::client::{collect_batches, connect};
 use larder::config::Config;
-use larder::config::ImageMode;
 use larder::demo::make_dataset;
-use larder::fields::{Resample, Value};
+use larder::fields::Value;
 use larder::preprocess::{FieldOp, Preprocess};
 use larder::proto::{Batch, StreamBatchesRequest, WarmProgress, WarmRequest};
 use larder::server::Daemon;
@@ -285,11 +284,7 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
     .unwrap();
     let d = Daemon::start(config).await.unwrap();
     let p = Preprocess::Images {
-        ops: vec![FieldOp::Decode {
-            mode: ImageMode::Rgb,
-            scale: 1,
-            resample: Resample::Linear,
-        }],
+        ops: vec![FieldOp::rgb()],
         resize: 16,
         crop: 12,
     };

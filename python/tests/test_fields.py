@@ -144,26 +144,14 @@ def test_image_folders_with_masks_keep_class_ids(tmp_path):
         mask.putpalette(palette)
         mask.save(root / "masks" / f"{i:03}.png")
         truth[i] = (img.transpose(2, 0, 1), ids)
-    datasets = f"""
+    def seg(name, size):
+        return f"""
 [[dataset]]
-name = "seg"
+name = "{name}"
 kind = "images"
 path = "{root}"
-resize = 0
-crop = 0
-[[dataset.field]]
-name = "image"
-folder = "images"
-[[dataset.field]]
-name = "mask"
-folder = "masks"
-mode = "index"
-[[dataset]]
-name = "seg-small"
-kind = "images"
-path = "{root}"
-resize = 8
-crop = 8
+resize = {size}
+crop = {size}
 [[dataset.field]]
 name = "image"
 folder = "images"
@@ -172,6 +160,9 @@ name = "mask"
 folder = "masks"
 mode = "index"
 """
+
+    # Whole images of their own sizes, and resized + cropped to 8x8.
+    datasets = seg("seg", 0) + seg("seg-small", 8)
     d = Daemon(tmp_path, datasets)
     try:
         with larder.Client(d.unix) as c:
