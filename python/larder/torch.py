@@ -11,6 +11,51 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from larder.client import Client
 
+# DataLoader workers a dataset may have (one epoch counter each, in shared memory).
+_MAX_WORKERS = 1024
+
+
+class _EpochClock:
+    """Which epoch each iteration of a dataset is, seen alike by the training process and its
+    DataLoader workers, fresh or persistent: shared memory made with the dataset, inherited by
+    forked workers and handed to spawned ones. `set(e)` makes the next iteration epoch e (and
+    `start_step` its first step); each later iteration is the next epoch. Every worker iterates
+    once per epoch, so each counts its own iterations and they agree."""
+
+    def __init__(self, epoch: int, start_step: int):
+        import multiprocessing.sharedctypes as shared
+
+        self._base = shared.RawArray("q", [epoch, start_step])
+        self._iterations = shared.RawArray("q", _MAX_WORKERS)
+
+    def set(self, epoch: int, start_step: int = 0) -> None:
+        self._base[0], self._base[1] = epoch, start_step
+        for k in range(_MAX_WORKERS):
+            self._iterations[k] = 0
+
+    def next(self, worker: int) -> Tuple[int, int]:
+        """(epoch, start step) of the iteration worker `worker` starts now."""
+        done = self._iterations[worker]
+        self._iterations[worker] = done + 1
+        return self._base[0] + done, self._base[1] if done == 0 else 0
+
+    def peek(self) -> int:
+        return self._base[0] + max(self._iterations[k] for k in range(_MAX_WORKERS))
+
+    def __getstate__(self):
+        from multiprocessing import context
+
+        if context.get_spawning_popen() is not None:  # handing it to a spawned worker
+            return {"base": self._base, "iterations": self._iterations}
+        # Any other copy (deepcopy, pickling to disk) gets its own clock, set where this one is.
+        return {"epoch": self.peek(), "start_step": 0}
+
+    def __setstate__(self, state):
+        if "base" in state:
+            self._base, self._iterations = state["base"], state["iterations"]
+        else:
+            self.__init__(state["epoch"], state["start_step"])
+
 
 def to_float(
     images: torch.Tensor,
@@ -63,8 +108,13 @@ class LarderIterableDataset(IterableDataset):
     dataset is made or `set_epoch` is called) and each
     DataLoader worker streams its own shard, so every sample comes exactly once per epoch
     across all of them. No sample is repeated to even out the ranks, so their batch counts can
-    differ: train a DDP epoch inside `with model.join():`. Call `set_epoch` before each epoch.
-    `start_step` resumes the epoch after the loader (on this rank) has yielded that many batches.
+    differ: train a DDP epoch inside `with model.join():`.
+
+    Iterating the dataset again starts the next epoch, in the training process and in
+    DataLoader workers alike (persistent or not), so frameworks that never call `set_epoch`
+    (Lightning, for an IterableDataset) still get a new order every epoch; `set_epoch(e)` makes
+    the next iteration epoch e. `start_step` resumes that epoch after the loader (on this rank)
+    has yielded that many batches.
     """
 
     def __init__(
@@ -89,10 +139,9 @@ class LarderIterableDataset(IterableDataset):
         self.batch_size = batch_size
         self.address = address
         self.seed = seed
-        self.epoch = epoch
+        self._clock = _EpochClock(epoch, start_step)
         self.rank = rank
         self.world_size = world_size
-        self.start_step = start_step
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.reconnect_timeout = reconnect_timeout
@@ -100,9 +149,14 @@ class LarderIterableDataset(IterableDataset):
         self.variable_layout = variable_layout
         self._ddp = self._resolve_ddp()
 
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration (of the furthest worker) serves."""
+        return self._clock.peek()
+
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
-        self.epoch = epoch
-        self.start_step = start_step
+        """The next iteration serves epoch `epoch`, from step `start_step`; later ones follow."""
+        self._clock.set(epoch, start_step)
         self._ddp = self._resolve_ddp()
 
     def _resolve_ddp(self) -> Tuple[int, int]:
@@ -120,15 +174,16 @@ class LarderIterableDataset(IterableDataset):
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         # Worker k of K on rank r of W streams shard r*K + k of W*K.
         shard_world = world * workers
+        epoch, start_step = self._clock.next(worker)
         with Client(self.address, self.reconnect_timeout) as client:
             shard, start = worker, 0
-            if self.start_step:
+            if start_step:
                 n = client.dataset(self.dataset).num_samples
                 per_worker = [
                     shard_batches(n, self.batch_size, rank * workers + k, shard_world, self.drop_last)
                     for k in range(workers)
                 ]
-                done, turn = resume_points(self.start_step, per_worker)
+                done, turn = resume_points(start_step, per_worker)
                 # The resumed loader asks worker 0 first: let it serve the shard whose turn it
                 # is, so the epoch goes on in the same order as if it had not stopped.
                 shard = (worker + turn) % workers
@@ -137,7 +192,7 @@ class LarderIterableDataset(IterableDataset):
                 self.dataset,
                 self.batch_size,
                 seed=self.seed,
-                epoch=self.epoch,
+                epoch=epoch,
                 rank=rank * workers + shard,
                 world_size=shard_world,
                 start_batch=start,

@@ -44,6 +44,7 @@ def test_resuming_mid_epoch_with_workers(daemon):
     full = ids_of(DataLoader(ds, batch_size=None, num_workers=2))
     assert sorted(full) == list(range(300))
     # Stop after 21 batches, as a checkpoint would; resume from step 21 (worker 1's turn).
+    ds.set_epoch(0)  # iterated again, it would serve the next epoch
     first = []
     for step, (images, labels) in enumerate(DataLoader(ds, batch_size=None, num_workers=2)):
         if step == 21:
@@ -54,6 +55,33 @@ def test_resuming_mid_epoch_with_workers(daemon):
     together = ids_of(first) + rest
     assert sorted(together) == list(range(300)), "nothing lost, nothing twice"
     assert together == full, "and in the same order as the uninterrupted epoch"
+
+
+def epochs_of(ds, loader, n):
+    """The orders of n epochs, each checked to be every sample exactly once."""
+    orders = []
+    for _ in range(n):
+        ids = ids_of(loader)
+        assert sorted(ids) == list(range(300)), "every sample exactly once per epoch"
+        orders.append(ids)
+    return orders
+
+
+@pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
+def test_iterating_again_is_the_next_epoch(daemon, workers, persistent):
+    # Nobody calls set_epoch (as Lightning does not for an IterableDataset).
+    ds = LarderIterableDataset("train", 8, address=daemon.unix, seed=4)
+    loader = DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=persistent)
+    orders = epochs_of(ds, loader, 3)
+    assert orders[0] != orders[1] != orders[2] != orders[0], "a new order every epoch"
+    # The same epochs, asked for explicitly, give the same orders: set_epoch wins.
+    again = LarderIterableDataset("train", 8, address=daemon.unix, seed=4)
+    again_loader = DataLoader(again, batch_size=None, num_workers=workers, persistent_workers=persistent)
+    again.set_epoch(1)
+    assert ids_of(again_loader) == orders[1]
+    assert ids_of(again_loader) == orders[2], "and the next iteration goes on from it"
+    again.set_epoch(0)
+    assert ids_of(again_loader) == orders[0], "set_epoch reaches persistent workers too"
 
 
 def test_resume_points_follow_the_loaders_round_robin():
