@@ -180,14 +180,8 @@ fn open_dataset(id: u32, c: &DatasetConfig) -> Result<Dataset> {
     Ok(match c.kind {
         SourceKind::Hdf5 => {
             let source = Hdf5Source::open(&c.path, &fields)?;
-            if let (Some(labels), Some((_, label))) = (
-                &c.labels,
-                source
-                    .fields()
-                    .iter()
-                    .enumerate()
-                    .find(|(_, f)| f.name == "label"),
-            ) {
+            let label = source.fields().iter().find(|f| f.name == "label");
+            if let (Some(labels), Some(label)) = (&c.labels, label) {
                 ensure!(
                     label.shape.is_empty(),
                     "label dataset {labels:?} has shape {:?} per sample; `labels` takes one class \

@@ -192,6 +192,15 @@ struct Appender {
     slot: u64,
 }
 
+impl Appender {
+    /// Whether a record of `len` bytes and its entry fit in the shard being filled.
+    fn has_room(&self, len: u64) -> bool {
+        self.shard
+            .as_ref()
+            .is_some_and(|s| self.tail + len + ENTRY_BYTES * (self.slot + 1) <= s.capacity)
+    }
+}
+
 /// One dataset's shards.
 pub struct ScratchTier {
     space: Arc<ScratchSpace>,
@@ -251,12 +260,6 @@ impl Entry {
     }
 }
 
-/// What the index says of a sample.
-enum Record<'a> {
-    Corrupt(&'static str),
-    Valid(&'a [u8]),
-}
-
 fn entry_pos(capacity: u64, slot: u64) -> u64 {
     capacity - ENTRY_BYTES * (slot + 1)
 }
@@ -311,13 +314,16 @@ impl ScratchTier {
             }),
         };
         let (mut found, mut records) = (0, 0);
-        loop {
-            let number = found;
-            let Some((shard, count)) = tier.open_existing(number) else {
-                break;
-            };
+        while let Some((shard, count, (tail, slot))) = tier.open_existing(found) {
             space.used.fetch_add(shard.capacity, Relaxed);
-            tier.shards.write().unwrap().push(Arc::new(shard));
+            let shard = Arc::new(shard);
+            tier.shards.write().unwrap().push(shard.clone());
+            // The last shard is the one to go on filling.
+            *tier.appender.lock().unwrap() = Appender {
+                shard: Some(shard),
+                tail,
+                slot,
+            };
             records += count;
             found += 1;
         }
@@ -345,8 +351,9 @@ impl ScratchTier {
     }
 
     /// Opens shard `number` if its file exists, whole, with the right header, and indexes its
-    /// entries: (shard, records found). A file with a wrong header or size is removed.
-    fn open_existing(&self, number: u64) -> Option<(Shard, u64)> {
+    /// entries: (shard, records found, (first free payload byte, first free entry)). A file
+    /// with a wrong header or size is removed.
+    fn open_existing(&self, number: u64) -> Option<(Shard, u64, (u64, u64))> {
         let path = self.shard_path(number);
         let file = OpenOptions::new().read(true).write(true).open(&path).ok()?;
         let mut header = [0u8; HEADER_BYTES as usize];
@@ -395,11 +402,7 @@ impl ScratchTier {
             }
             slot += 1;
         }
-        // The last shard is the one to go on filling.
-        let mut appender = self.appender.lock().unwrap();
-        appender.tail = data_end;
-        appender.slot = last.map_or(0, |s| s + 1);
-        Some((shard, records))
+        Some((shard, records, (data_end, last.map_or(0, |s| s + 1))))
     }
 
     /// Creates shard `number` of `capacity` bytes, all its blocks allocated.
@@ -450,15 +453,7 @@ impl ScratchTier {
             return None;
         }
         let mut a = self.appender.lock().unwrap_or_else(|e| e.into_inner());
-        if a.shard.is_none() {
-            a.shard = self.shards.read().unwrap().last().cloned();
-        }
-        let fits = |a: &Appender| {
-            a.shard
-                .as_ref()
-                .is_some_and(|s| a.tail + len + ENTRY_BYTES * (a.slot + 1) <= s.capacity)
-        };
-        if !fits(&a) {
+        if !a.has_room(len) {
             let capacity = self.new_shard_capacity(len);
             if !self.space.reserve(capacity) {
                 return None;
@@ -497,31 +492,36 @@ impl ScratchTier {
             .cloned()
     }
 
-    /// The record of `index` in `shard` at entry `slot`.
-    fn record<'a>(&self, shard: &'a Shard, slot: u64, index: u64) -> Record<'a> {
+    /// The payload of `index` in `shard` at entry `slot`, or why it is corrupt.
+    fn record<'a>(
+        &self,
+        shard: &'a Shard,
+        slot: u64,
+        index: u64,
+    ) -> Result<&'a [u8], &'static str> {
         // Reading a mapped page past the end of the file would fault: check the file first.
         let file_len = shard.file.metadata().map(|m| m.len()).unwrap_or(0);
         let pos = entry_pos(shard.capacity, slot);
         if pos + ENTRY_BYTES > file_len {
-            return Record::Corrupt("truncated");
+            return Err("truncated");
         }
         let e = match Entry::decode(&shard.map[pos as usize..(pos + ENTRY_BYTES) as usize]) {
-            None => return Record::Corrupt("index entry gone"),
-            Some(Err(())) => return Record::Corrupt("index entry checksum mismatch"),
+            None => return Err("index entry gone"),
+            Some(Err(())) => return Err("index entry checksum mismatch"),
             Some(Ok(e)) => e,
         };
         let (start, end) = (e.offset as u64, e.offset as u64 + e.len as u64);
         if e.sample != index || start < HEADER_BYTES || end > pos {
-            return Record::Corrupt("index entry names another record");
+            return Err("index entry names another record");
         }
         if end > file_len {
-            return Record::Corrupt("truncated");
+            return Err("truncated");
         }
         let payload = &shard.map[start as usize..end as usize];
         if checksum(index, payload) != e.crc {
-            return Record::Corrupt("checksum mismatch");
+            return Err("checksum mismatch");
         }
-        Record::Valid(payload)
+        Ok(payload)
     }
 
     /// Looks the sample up: its bytes, None if absent. A corrupt record is counted, logged and
@@ -534,8 +534,8 @@ impl ScratchTier {
         let (number, slot) = unpack(loc);
         let shard = self.shard(number)?;
         match self.record(&shard, slot, index) {
-            Record::Valid(payload) => Some(f(payload)),
-            Record::Corrupt(why) => {
+            Ok(payload) => Some(f(payload)),
+            Err(why) => {
                 // Forget it, unless a fresh copy was written meanwhile.
                 if self.index[index as usize]
                     .compare_exchange(loc, 0, Relaxed, Relaxed)
@@ -566,12 +566,11 @@ impl ScratchTier {
         if self.space.writes_paused() {
             return false;
         }
-        let room = {
-            let a = self.appender.lock().unwrap_or_else(|e| e.into_inner());
-            a.shard.as_ref().is_some_and(|s| {
-                a.tail + self.record_estimate + ENTRY_BYTES * (a.slot + 1) <= s.capacity
-            })
-        };
+        let room = self
+            .appender
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .has_room(self.record_estimate);
         room || self.space.used.load(Relaxed) + self.new_shard_capacity(self.record_estimate)
             <= self.space.budget
     }
@@ -840,6 +839,23 @@ mod tests {
         assert!(!t.write(4, &sample(4)));
         assert!(t.read(4).is_none());
         assert!(space.snapshot().used <= space.snapshot().budget);
+    }
+
+    #[test]
+    fn a_restarted_tier_goes_on_filling_its_last_shard() {
+        let dir = tempfile::tempdir().unwrap();
+        // The budget holds the one shard: after a restart, its free room is all there is.
+        let space = ScratchSpace::open(dir.path(), Some(SHARD4)).unwrap();
+        let t = tier(&space, 1);
+        assert!(t.write(0, &sample(0)) && t.write(1, &sample(1)));
+        drop(t);
+        let space = ScratchSpace::open(dir.path(), Some(SHARD4)).unwrap();
+        let t = tier(&space, 1);
+        assert!(t.accepts_writes(2));
+        assert!(t.write(2, &sample(2)) && t.write(3, &sample(3)));
+        assert!(!t.accepts_writes(4));
+        assert_eq!(t.shard_files().len(), 1);
+        assert!((0..4).all(|i| t.read(i).unwrap() == sample(i)));
     }
 
     #[test]
