@@ -24,6 +24,8 @@ pub struct Config {
     pub memory: MemoryConfig,
     #[serde(default)]
     pub scratch: ScratchConfig,
+    #[serde(default)]
+    pub shm: ShmConfig,
     /// Threads that read raw samples and preprocess them. Default: the number of CPUs.
     #[serde(default)]
     pub preprocess_workers: Option<usize>,
@@ -96,6 +98,17 @@ impl Default for ScratchConfig {
             enabled: true,
         }
     }
+}
+
+/// Shared-memory rings: batches for clients on the Unix socket, written into memory they map.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShmConfig {
+    /// Bytes all clients' rings may take together; a ring that would go over it is refused
+    /// (the Python client then falls back to batches in the message). Default: 1/8 of the
+    /// machine's memory.
+    #[serde(default)]
+    pub budget_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -377,6 +390,11 @@ impl Config {
         self.memory
             .budget_bytes
             .unwrap_or((total_memory as f64 * self.memory.budget_fraction) as u64)
+    }
+
+    /// Bytes all shared-memory rings may take together.
+    pub fn shm_budget_bytes(&self, total_memory: u64) -> u64 {
+        self.shm.budget_bytes.unwrap_or(total_memory / 8)
     }
 
     /// Available-memory floor below which the cache gives memory back.

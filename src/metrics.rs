@@ -34,6 +34,10 @@ pub struct Metrics {
     bytes_served: AtomicU64,
     active_streams: AtomicU32,
     machine_available: AtomicU64,
+    /// Batches delivered in a shared-memory slot, and batches sent in the message because the
+    /// stream's ring had no free slot large enough.
+    shm_batches: AtomicU64,
+    shm_fallbacks: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -49,6 +53,8 @@ impl Default for Metrics {
             bytes_served: AtomicU64::new(0),
             active_streams: AtomicU32::new(0),
             machine_available: AtomicU64::new(0),
+            shm_batches: AtomicU64::new(0),
+            shm_fallbacks: AtomicU64::new(0),
         }
     }
 }
@@ -71,6 +77,16 @@ impl Metrics {
         self.batches.fetch_add(1, Relaxed);
         self.samples.fetch_add(samples, Relaxed);
         self.bytes_served.fetch_add(bytes, Relaxed);
+    }
+
+    /// A batch went out in a shared-memory slot (`true`) or in the message for want of one.
+    pub fn record_shm(&self, in_slot: bool) {
+        let c = if in_slot {
+            &self.shm_batches
+        } else {
+            &self.shm_fallbacks
+        };
+        c.fetch_add(1, Relaxed);
     }
 
     pub fn stream_opened(&self) {
@@ -116,6 +132,8 @@ impl Metrics {
             coalesced_fetches: self.coalesced.load(Relaxed),
             uptime_seconds: self.started.elapsed().as_secs_f64(),
             machine_available_bytes: self.machine_available.load(Relaxed),
+            shm_batches: self.shm_batches.load(Relaxed),
+            shm_fallbacks: self.shm_fallbacks.load(Relaxed),
             ..Default::default()
         }
     }
@@ -169,6 +187,11 @@ pub fn format_stats(s: &crate::proto::Stats) -> String {
         out,
         "served: {} batches, {} samples, {} bytes; {} open streams; {} fetches shared between clients",
         s.batches_served, s.samples_served, s.bytes_served, s.active_streams, s.coalesced_fetches
+    );
+    let _ = writeln!(
+        out,
+        "shared memory: {} rings, {} of {} bytes; {} batches in slots, {} sent in messages for want of a free slot",
+        s.shm_rings, s.shm_bytes, s.shm_budget_bytes, s.shm_batches, s.shm_fallbacks
     );
     let _ = write!(
         out,

@@ -2,6 +2,7 @@
 //! socket until it is asked to stop.
 
 use super::service::Service;
+use super::shm::{self, Rings};
 use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::memory::{self, MemoryTier};
@@ -59,7 +60,14 @@ impl Daemon {
         ));
         let catalog = Arc::new(catalog);
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let service = Service::new(catalog.clone(), store.clone(), &config, shutdown_rx);
+        let rings = Rings::new(config.shm_budget_bytes(total));
+        let service = Service::new(
+            catalog.clone(),
+            store.clone(),
+            rings.clone(),
+            &config,
+            shutdown_rx,
+        );
         let mut servers = vec![];
         let mut tcp_addr = None;
 
@@ -75,7 +83,7 @@ impl Daemon {
         }
         if let Some(path) = &config.unix_socket {
             let listener = bind_unix(path, config.unix_socket_mode)?;
-            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            let incoming = route_unix(listener, rings, shutdown.subscribe());
             servers.push(spawn_server(&service, incoming, &shutdown, "Unix socket"));
             tracing::info!(path = %path.display(), "listening on Unix socket");
         }
@@ -150,6 +158,43 @@ where
             .await
             .with_context(|| format!("{transport} server failed"))
     })
+}
+
+/// The gRPC connections of a Unix listener: a connection that starts with a ring request is
+/// served as one (shared memory for its process) and never reaches gRPC.
+fn route_unix(
+    listener: tokio::net::UnixListener,
+    rings: Arc<Rings>,
+    mut stop: watch::Receiver<bool>,
+) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<tokio::net::UnixStream>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let stream = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Out of descriptors, usually: wait rather than spin.
+                        tracing::warn!("accepting on the Unix socket: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+                _ = until_stopped(&mut stop) => return,
+            };
+            let (tx, rings, stop) = (tx.clone(), rings.clone(), stop.clone());
+            tokio::spawn(async move {
+                match shm::is_ring_request(&stream).await {
+                    Ok(true) => rings.serve(stream, stop).await,
+                    Ok(false) => {
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                    Err(_) => {} // closed or silent before saying anything
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
 /// Resolves once the daemon is shutting down.

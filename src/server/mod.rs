@@ -1,8 +1,9 @@
 //! The gRPC server: `service` (handlers and validation), `stream` (batch assembly and metered
-//! forwarding), `daemon` (wiring and listeners).
+//! forwarding), `shm` (shared-memory rings for clients on the Unix socket), `daemon` (wiring and listeners).
 
 mod daemon;
 mod service;
+mod shm;
 mod stream;
 
 pub use daemon::Daemon;

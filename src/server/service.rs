@@ -2,6 +2,7 @@
 //! hold shared state only.
 
 use super::daemon::until_stopped;
+use super::shm::{Peer, Ring, Rings};
 use super::stream::{assemble, MeteredStream, Selection, MAX_BATCH_BYTES};
 use crate::catalog::{Catalog, Dataset};
 use crate::config::Config;
@@ -26,6 +27,8 @@ pub struct Service {
     prefetch_batches: usize,
     max_batch_size: u32,
     expansion_factor: f64,
+    /// Shared-memory rings of clients on the Unix socket.
+    rings: Arc<Rings>,
     /// Becomes true when the daemon shuts down: open streams end with UNAVAILABLE.
     shutdown: watch::Receiver<bool>,
 }
@@ -34,11 +37,13 @@ impl Service {
     pub fn new(
         catalog: Arc<Catalog>,
         store: Arc<Store>,
+        rings: Arc<Rings>,
         config: &Config,
         shutdown: watch::Receiver<bool>,
     ) -> Service {
         Service {
             shutdown,
+            rings,
             catalog,
             store,
             prefetch_batches: config.prefetch_batches,
@@ -54,6 +59,41 @@ impl Service {
                 self.catalog.names().join(", ")
             ))
         })
+    }
+
+    /// The ring a stream asks to be delivered in, if any: only over the Unix socket, and only
+    /// one that the asking process made.
+    fn ring(
+        &self,
+        req: &StreamBatchesRequest,
+        sel: &Selection,
+        peer: Option<Peer>,
+    ) -> Result<Option<Arc<Ring>>, Status> {
+        if req.shm_ring.is_empty() {
+            return Ok(None);
+        }
+        if sel.legacy.is_some() {
+            return Err(Status::invalid_argument(
+                "shared memory needs layout_version 1",
+            ));
+        }
+        let peer = peer.ok_or_else(|| {
+            Status::failed_precondition(
+                "shared memory is for clients on the daemon's Unix socket; over TCP, batches come in the message",
+            )
+        })?;
+        let ring = self.rings.get(&req.shm_ring, peer).map_err(|_| {
+            Status::permission_denied(
+                "no shared-memory ring with this token belongs to this process (rings live as long as the connection that made them)",
+            )
+        })?;
+        if let Some(&k) = req.held_slots.iter().find(|&&k| k >= ring.slots) {
+            return Err(Status::invalid_argument(format!(
+                "held slot {k} is not in the ring ({} slots)",
+                ring.slots
+            )));
+        }
+        Ok(Some(ring))
     }
 
     fn plan(&self, req: &StreamBatchesRequest) -> Result<(Arc<Dataset>, Plan, Selection), Status> {
@@ -121,6 +161,7 @@ impl Larder for Service {
 
     async fn get_stats(&self, _: Request<GetStatsRequest>) -> Result<Response<Stats>, Status> {
         let mem = self.store.memory.snapshot();
+        let (shm_rings, shm_bytes, shm_budget_bytes) = self.rings.snapshot();
         let scratch = self
             .catalog
             .scratch
@@ -142,6 +183,9 @@ impl Larder for Service {
             scratch_budget_bytes: scratch.budget,
             scratch_corrupt_records: scratch.corrupt,
             scratch_paused: scratch.paused.unwrap_or_default(),
+            shm_rings,
+            shm_bytes,
+            shm_budget_bytes,
             ..self.store.metrics.to_proto()
         }))
     }
@@ -210,12 +254,21 @@ impl Larder for Service {
         &self,
         request: Request<StreamBatchesRequest>,
     ) -> Result<Response<BatchStream>, Status> {
+        let peer = request
+            .extensions()
+            .get::<tonic::transport::server::UdsConnectInfo>()
+            .and_then(|i| i.peer_cred)
+            .map(|c| Peer {
+                pid: c.pid(),
+                uid: c.uid(),
+            });
         let req = request.into_inner();
         let (ds, plan, sel) = self.plan(&req)?;
+        let ring = self.ring(&req, &sel, peer)?;
         tracing::info!(
             dataset = %ds.name, batch_size = req.batch_size, seed = req.seed, epoch = req.epoch,
             rank = req.rank, world_size = req.world_size, start_batch = req.start_batch,
-            batches = plan.num_batches, "stream opened"
+            batches = plan.num_batches, shm = ring.is_some(), "stream opened"
         );
         let guard = self.store.open_stream(plan.remaining_samples());
         let (plan_start, plan_end) = (plan.start_batch, plan.num_batches);
@@ -223,16 +276,27 @@ impl Larder for Service {
         let prefetch = self.prefetch_batches;
         let shutdown = self.shutdown.clone();
         let (tx, rx) = mpsc::channel(1);
+        let held = req.held_slots.clone();
         tokio::spawn(async move {
             let _guard = guard;
+            // The ring is this stream's until it ends (a previous stream on it must stop first).
+            let _lease = match &ring {
+                Some(r) => Some(r.begin_stream(&held).await),
+                None => None,
+            };
             let started = Instant::now();
             let (plan, sel) = (Arc::new(plan), Arc::new(sel));
             // Assemble up to `prefetch` batches ahead of the client, in order.
             let mut batches = futures::stream::iter(plan.start_batch..plan.num_batches)
                 .map(|b| {
-                    let (store, ds, plan, sel) =
-                        (store.clone(), ds.clone(), plan.clone(), sel.clone());
-                    async move { assemble(&store, &ds, &plan, &sel, b).await }
+                    let (store, ds, plan, sel, ring) = (
+                        store.clone(),
+                        ds.clone(),
+                        plan.clone(),
+                        sel.clone(),
+                        ring.clone(),
+                    );
+                    async move { assemble(&store, &ds, &plan, &sel, b, ring.as_ref()).await }
                 })
                 .buffered(prefetch);
             let mut shutdown = shutdown;
@@ -247,14 +311,20 @@ impl Larder for Service {
                         return;
                     }
                 };
-                let failed = result.is_err();
-                let item = result.map_err(|e| {
-                    tracing::error!(dataset = %ds.name, "stream failed: {e:#}");
-                    Status::internal(format!("{e:#}"))
-                });
+                let (item, slot) = match result {
+                    Ok((batch, slot)) => (Ok(batch), slot),
+                    Err(e) => {
+                        tracing::error!(dataset = %ds.name, "stream failed: {e:#}");
+                        (Err(Status::internal(format!("{e:#}"))), None)
+                    }
+                };
+                let failed = item.is_err();
                 if tx.send(item).await.is_err() {
                     tracing::info!(dataset = %ds.name, "client went away; stream closed");
-                    return;
+                    return; // the slot, never delivered, is free again
+                }
+                if let Some(slot) = slot {
+                    slot.hand_over();
                 }
                 if failed {
                     return;

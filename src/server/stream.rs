@@ -8,7 +8,8 @@ use crate::proto::{Batch, FieldBatch, VariableLayout};
 use crate::sampler::Plan;
 use crate::store::Store;
 use anyhow::{ensure, Context, Result};
-use bytes::{Bytes, BytesMut};
+use super::shm::{Ring, Slot};
+use bytes::Bytes;
 use futures::Stream;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -101,46 +102,34 @@ impl Selection {
 }
 
 /// Reads the samples of batch `b` through the store and packs each selected field into one
-/// contiguous buffer.
+/// contiguous buffer: into a slot of the stream's shared-memory ring when it has a free one the
+/// batch fits in, else into the message. Returns the batch and the slot it went into.
 pub async fn assemble(
     store: &Arc<Store>,
     ds: &Arc<Dataset>,
     plan: &Plan,
     sel: &Selection,
     b: u64,
-) -> Result<Batch> {
+    ring: Option<&Arc<Ring>>,
+) -> Result<(Batch, Option<Slot>)> {
     let ids = plan.batch(b);
     let samples = futures::future::try_join_all(ids.iter().map(|&i| store.get(ds, i))).await?;
-    let mut fields = Vec::with_capacity(sel.fields.len());
-    let mut bytes = 0u64;
-    let mut add = |batch: FieldBatch| {
-        bytes += batch.data.len() as u64;
-        ensure!(
-            bytes <= MAX_BATCH_BYTES,
-            "batch {b} of {:?} takes over {MAX_BATCH_BYTES} bytes, more than one message may carry: ask for a smaller batch_size",
-            ds.name
-        );
-        fields.push(batch);
-        Ok(())
-    };
-    if let Some(ranges) = ds.schema.fixed_ranges() {
-        // Every field fixed: each lies at the same place in every record.
-        let size = ds.schema.fixed_record_bytes().unwrap_or(0) as usize;
-        for (s, &i) in samples.iter().zip(ids) {
-            ensure!(
-                s.len() == size,
-                "sample {i} of {:?} has {} bytes, its fields take {size}",
-                ds.name,
-                s.len()
-            );
+    let fixed = ds.schema.fixed_ranges();
+    let records = match &fixed {
+        Some(_) => {
+            // Every field fixed: each lies at the same place in every record.
+            let size = ds.schema.fixed_record_bytes().unwrap_or(0) as usize;
+            for (s, &i) in samples.iter().zip(ids) {
+                ensure!(
+                    s.len() == size,
+                    "sample {i} of {:?} has {} bytes, its fields take {size}",
+                    ds.name,
+                    s.len()
+                );
+            }
+            vec![]
         }
-        for &f in &sel.fields {
-            let r = ranges[f].clone();
-            let values = samples.iter().map(|s| (&[][..], &s[r.clone()]));
-            add(pack(&ds.schema.fields[f], values, ids.len(), sel.layout))?;
-        }
-    } else {
-        let records = samples
+        None => samples
             .iter()
             .zip(ids)
             .map(|(s, &i)| {
@@ -148,22 +137,82 @@ pub async fn assemble(
                     .decode(s)
                     .with_context(|| format!("sample {i} of {:?} does not fit its fields", ds.name))
             })
-            .collect::<Result<Vec<_>>>()?;
-        for &f in &sel.fields {
-            let values = records.iter().map(|r| (&r[f].dims[..], r[f].data));
-            add(pack(&ds.schema.fields[f], values, ids.len(), sel.layout))?;
+            .collect::<Result<Vec<_>>>()?,
+    };
+    // Field f's value of every sample, as (variable dims, bytes).
+    let values = |f: usize| -> Vec<(&[u32], &[u8])> {
+        match &fixed {
+            Some(ranges) => samples
+                .iter()
+                .map(|s| (&[][..], &s[ranges[f].clone()]))
+                .collect(),
+            None => records
+                .iter()
+                .map(|r| (&r[f].dims[..], r[f].data))
+                .collect(),
         }
+    };
+    let fields: Vec<_> = sel
+        .fields
+        .iter()
+        .map(|&f| {
+            let v = values(f);
+            let layout = FieldLayout::new(&ds.schema.fields[f], &v, sel.layout);
+            (v, layout)
+        })
+        .collect();
+    // Where each field goes in a slot: one after the other, each 64-byte aligned.
+    let mut at = 0usize;
+    let offsets: Vec<usize> = fields
+        .iter()
+        .map(|(_, l)| {
+            let o = at;
+            at = (at + l.bytes).div_ceil(64) * 64;
+            o
+        })
+        .collect();
+    let mut slot = ring.and_then(|r| r.claim());
+    if slot.as_ref().is_some_and(|s| s.capacity() < at) {
+        slot = None; // a variable batch larger than the slots: this one goes in the message
+    }
+    if ring.is_some() {
+        store.metrics.record_shm(slot.is_some());
+    }
+    let mut out = Vec::with_capacity(fields.len());
+    let mut bytes = 0u64;
+    for ((v, layout), &off) in fields.into_iter().zip(&offsets) {
+        let mut batch = layout.batch.clone();
+        match slot.as_mut() {
+            Some(slot) => {
+                layout.write(&v, &mut slot.bytes_mut()[off..off + layout.bytes]);
+                batch.slot_offset = off as u64;
+                batch.slot_bytes = layout.bytes as u64;
+            }
+            None => {
+                bytes += layout.bytes as u64;
+                ensure!(
+                    bytes <= MAX_BATCH_BYTES,
+                    "batch {b} of {:?} takes over {MAX_BATCH_BYTES} bytes, more than one message may carry: ask for a smaller batch_size",
+                    ds.name
+                );
+                let mut data = vec![0u8; layout.bytes];
+                layout.write(&v, &mut data);
+                batch.data = Bytes::from(data);
+            }
+        }
+        out.push(batch);
     }
     let mut batch = Batch {
         batch_index: b,
         num_batches: plan.num_batches,
         sample_ids: ids.to_vec(),
+        slot: slot.as_ref().map_or(0, |s| s.index() + 1),
         ..Default::default()
     };
     match sel.legacy {
-        None => batch.fields = fields,
+        None => batch.fields = out,
         Some(legacy) => {
-            let mut fields = fields.into_iter();
+            let mut fields = out.into_iter();
             let first = fields.next().context("no field")?;
             batch.shape = first.shape.iter().map(|&d| d as u32).collect();
             batch.data = first.data;
@@ -176,70 +225,125 @@ pub async fn assemble(
             }
         }
     }
-    Ok(batch)
+    Ok((batch, slot))
 }
 
-/// One field of `n` samples, each given as (dims, bytes), as a batch.
-fn pack<'a>(
-    spec: &FieldSpec,
-    values: impl Iterator<Item = (&'a [u32], &'a [u8])> + Clone,
-    n: usize,
-    layout: VariableLayout,
-) -> FieldBatch {
-    let mut out = FieldBatch {
-        name: spec.name.clone(),
-        dtype: spec.dtype.name().to_string(),
-        sample_shape: spec.shape_i64(),
-        ..Default::default()
-    };
-    let item = spec.dtype.size();
-    if spec.is_fixed() {
-        let mut data = BytesMut::with_capacity(n * spec.fixed_bytes().unwrap_or(0) as usize);
-        for (_, v) in values {
-            data.extend_from_slice(v);
+/// One field of a batch laid out: its message (name, dtype, shapes, lengths, offsets; no
+/// bytes yet), how many bytes it takes and, padded, the batch's largest dims.
+struct FieldLayout {
+    batch: FieldBatch,
+    bytes: usize,
+    item: usize,
+    /// Padded variable fields: the dims every value is padded to.
+    padded_to: Option<Vec<u32>>,
+}
+
+impl FieldLayout {
+    fn new(spec: &FieldSpec, values: &[(&[u32], &[u8])], layout: VariableLayout) -> FieldLayout {
+        let n = values.len();
+        let mut batch = FieldBatch {
+            name: spec.name.clone(),
+            dtype: spec.dtype.name().to_string(),
+            sample_shape: spec.shape_i64(),
+            ..Default::default()
+        };
+        let item = spec.dtype.size();
+        if spec.is_fixed() {
+            batch.shape = std::iter::once(n as u64)
+                .chain(spec.shape.iter().map(|d| d.unwrap_or(0) as u64))
+                .collect();
+            let bytes = n * spec.fixed_bytes().unwrap_or(0) as usize;
+            return FieldLayout {
+                batch,
+                bytes,
+                item,
+                padded_to: None,
+            };
         }
-        out.shape = std::iter::once(n as u64)
-            .chain(spec.shape.iter().map(|d| d.unwrap_or(0) as u64))
+        for (dims, _) in values {
+            for (d, s) in dims.iter().zip(&spec.shape) {
+                if s.is_none() {
+                    batch.lengths.push(*d);
+                }
+            }
+        }
+        if layout == VariableLayout::Offsets {
+            let mut offsets = Vec::with_capacity(n + 1);
+            let mut total = 0u64;
+            offsets.push(0);
+            for (_, v) in values {
+                total += (v.len() / item) as u64;
+                offsets.push(total);
+            }
+            batch.shape = vec![total];
+            batch.offsets = offsets;
+            return FieldLayout {
+                batch,
+                bytes: total as usize * item,
+                item,
+                padded_to: None,
+            };
+        }
+        // Padded: every value at the start of the batch maximum along each dim, zeros after.
+        let mut max: Vec<u32> = spec.shape.iter().map(|d| d.unwrap_or(0)).collect();
+        for (dims, _) in values {
+            for (m, d) in max.iter_mut().zip(*dims) {
+                *m = (*m).max(*d);
+            }
+        }
+        let per: usize = max.iter().fold(item, |a, &d| a * d as usize);
+        batch.shape = std::iter::once(n as u64)
+            .chain(max.iter().map(|&d| d as u64))
             .collect();
-        out.data = data.freeze();
-        return out;
+        FieldLayout {
+            batch,
+            bytes: n * per,
+            item,
+            padded_to: Some(max),
+        }
     }
-    for (dims, _) in values.clone() {
-        for (d, s) in dims.iter().zip(&spec.shape) {
-            if s.is_none() {
-                out.lengths.push(*d);
+
+    /// Writes the values into `dst` (exactly `self.bytes` long, any previous content).
+    fn write(&self, values: &[(&[u32], &[u8])], dst: &mut [u8]) {
+        match &self.padded_to {
+            None => {
+                let mut at = 0;
+                for (_, v) in values {
+                    dst[at..at + v.len()].copy_from_slice(v);
+                    at += v.len();
+                }
+            }
+            Some(max) => {
+                dst.fill(0);
+                let per = if values.is_empty() {
+                    0
+                } else {
+                    self.bytes / values.len()
+                };
+                for (k, (dims, v)) in values.iter().enumerate() {
+                    copy_padded(v, dims, &mut dst[k * per..(k + 1) * per], max, self.item);
+                }
             }
         }
     }
-    if layout == VariableLayout::Offsets {
-        let mut data = BytesMut::new();
-        let mut offsets = vec![0u64];
-        for (_, v) in values {
-            data.extend_from_slice(v);
-            offsets.push((data.len() / item) as u64);
-        }
-        out.shape = vec![*offsets.last().unwrap_or(&0)];
-        out.offsets = offsets;
-        out.data = data.freeze();
-        return out;
+}
+
+/// One field of `n` samples, each given as (dims, bytes), as a batch with its bytes.
+#[cfg(test)]
+fn pack<'a>(
+    spec: &FieldSpec,
+    values: impl Iterator<Item = (&'a [u32], &'a [u8])>,
+    _n: usize,
+    layout: VariableLayout,
+) -> FieldBatch {
+    let values: Vec<_> = values.collect();
+    let l = FieldLayout::new(spec, &values, layout);
+    let mut data = vec![0u8; l.bytes];
+    l.write(&values, &mut data);
+    FieldBatch {
+        data: Bytes::from(data),
+        ..l.batch
     }
-    // Padded: every value at the start of the batch maximum along each dim, zeros after.
-    let mut max: Vec<u32> = spec.shape.iter().map(|d| d.unwrap_or(0)).collect();
-    for (dims, _) in values.clone() {
-        for (m, d) in max.iter_mut().zip(dims) {
-            *m = (*m).max(*d);
-        }
-    }
-    let per: usize = max.iter().fold(item, |a, &d| a * d as usize);
-    let mut data = vec![0u8; n * per];
-    for (k, (dims, v)) in values.enumerate() {
-        copy_padded(v, dims, &mut data[k * per..(k + 1) * per], &max, item);
-    }
-    out.shape = std::iter::once(n as u64)
-        .chain(max.iter().map(|&d| d as u64))
-        .collect();
-    out.data = Bytes::from(data);
-    out
 }
 
 /// Copies a row-major array of `dims` into the top corner of a zeroed one of `max` dims.

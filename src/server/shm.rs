@@ -1,0 +1,579 @@
+//! Shared-memory rings: batches for clients on the same host, written once into memory the
+//! client maps, with gRPC kept as the control plane.
+//!
+//! A client connects to the daemon's Unix socket and, instead of HTTP/2, sends a ring request
+//! (`MAGIC`, version, slots, slot bytes). The daemon makes an anonymous memfd (no name anywhere
+//! in the filesystem that another user could open), seals its size, maps it and sends its
+//! descriptor back over that same connection (SCM_RIGHTS) with a random token. The client names
+//! the token in StreamBatches on a gRPC connection of the same process (same pid and uid, from
+//! SO_PEERCRED on both sockets); batches then come in the ring's slots. The ring lives as long as
+//! the connection that made it: when the client closes it, or dies, the daemon unmaps and closes
+//! its side and the kernel frees the memory once the client's mapping is gone too. Nothing is
+//! left behind by a crash of either side.
+//!
+//! Layout: a header of `HEADER_BYTES` (u64 magic, u32 slots, u32 zero, u64 slot bytes, then at
+//! byte 64 one u32 state per slot), then the slots, each `slot_bytes` (a multiple of 4096) long.
+//! A slot's state is 0 when free and 1 when it is the daemon's or the client's. The daemon claims
+//! a free slot (0 -> 1), writes a batch into it and sends the Batch naming it; the slot is then
+//! the client's until the client stores 0, once it is done with every array that views it. A
+//! stream that starts on a ring frees every slot except those the client says it still holds.
+//! One stream at a time uses a ring; the next waits until the previous one has stopped writing.
+
+use anyhow::{bail, Context, Result};
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, Interest};
+use tokio::net::UnixStream;
+use tokio::sync::{watch, OwnedMutexGuard};
+
+/// First bytes of a ring request on the Unix socket (an HTTP/2 client starts with "PRI * HT").
+pub const MAGIC: &[u8; 8] = b"LARDRING";
+/// The ring protocol's version.
+const VERSION: u32 = 1;
+/// Bytes of the ring's header: the layout and one state word per slot.
+pub const HEADER_BYTES: u64 = 4096;
+/// Offset of the first slot state word in the header.
+const STATES_AT: usize = 64;
+/// Most slots a ring may have (their state words fill the header).
+pub const MAX_SLOTS: u32 = ((HEADER_BYTES as usize - STATES_AT) / 4) as u32;
+/// Bytes of a ring request: magic, version, slots, slot bytes.
+const REQUEST_BYTES: usize = 24;
+/// A connection that says nothing for this long is closed.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Who is at the other end of a Unix socket, from SO_PEERCRED.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    pub pid: Option<i32>,
+    pub uid: u32,
+}
+
+impl Peer {
+    pub fn of(stream: &UnixStream) -> io::Result<Peer> {
+        let cred = stream.peer_cred()?;
+        Ok(Peer {
+            pid: cred.pid(),
+            uid: cred.uid(),
+        })
+    }
+}
+
+/// Why a stream may not use the ring it names.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Denied {
+    /// No ring has this token, or it belongs to another process.
+    NotYours,
+}
+
+/// The rings open now, bounded together by a byte budget.
+pub struct Rings {
+    /// Bytes all rings may take together.
+    budget: u64,
+    /// Bytes the open rings take (shared with each ring, which gives its bytes back on drop).
+    used: Arc<AtomicU64>,
+    /// Open rings by token.
+    open: Mutex<HashMap<[u8; 16], Arc<Ring>>>,
+}
+
+/// One client's ring of slots.
+pub struct Ring {
+    /// The daemon's mapping of the memfd.
+    map: memmap2::MmapRaw,
+    pub slots: u32,
+    pub slot_bytes: u64,
+    /// The process that made it: only streams from that process may use it.
+    owner: Peer,
+    /// Held by the stream writing into the ring; the next stream waits for it.
+    lease: Arc<tokio::sync::Mutex<()>>,
+    /// Where the next claim starts looking, so slots are used in turn.
+    next: AtomicU32,
+    /// The budget's counter, given back to on drop.
+    used: Arc<AtomicU64>,
+}
+
+/// A slot claimed by the daemon: freed again when dropped, unless handed to the client.
+pub struct Slot {
+    ring: Arc<Ring>,
+    index: u32,
+    handed_over: bool,
+}
+
+impl Rings {
+    pub fn new(budget: u64) -> Arc<Rings> {
+        Arc::new(Rings {
+            budget,
+            used: Arc::new(AtomicU64::new(0)),
+            open: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// (rings open, bytes they take, budget).
+    pub fn snapshot(&self) -> (u32, u64, u64) {
+        let n = self.open.lock().unwrap().len() as u32;
+        (n, self.used.load(Ordering::Relaxed), self.budget)
+    }
+
+    /// The ring with this token, if `peer` is the process that made it.
+    pub fn get(&self, token: &[u8], peer: Peer) -> Result<Arc<Ring>, Denied> {
+        let token: [u8; 16] = token.try_into().map_err(|_| Denied::NotYours)?;
+        let open = self.open.lock().unwrap();
+        let ring = open.get(&token).ok_or(Denied::NotYours)?;
+        if ring.owner != peer || peer.pid.is_none() {
+            return Err(Denied::NotYours);
+        }
+        Ok(ring.clone())
+    }
+
+    /// Makes a ring of `slots` slots of at least `slot_bytes` each for `owner`, within the
+    /// budget; returns it, its token and the memfd to hand over.
+    fn create(&self, owner: Peer, slots: u32, slot_bytes: u64) -> Result<(Arc<Ring>, [u8; 16], OwnedFd), Refusal> {
+        if slots == 0 || slots > MAX_SLOTS {
+            return Err(Refusal::BadRequest(format!(
+                "a ring has 1 to {MAX_SLOTS} slots, not {slots}"
+            )));
+        }
+        if slot_bytes == 0 {
+            return Err(Refusal::BadRequest("slots of 0 bytes".into()));
+        }
+        let slot_bytes = slot_bytes.div_ceil(4096) * 4096;
+        let size = slot_bytes
+            .checked_mul(slots as u64)
+            .and_then(|s| s.checked_add(HEADER_BYTES))
+            .ok_or_else(|| Refusal::BadRequest("ring size overflows".into()))?;
+        // Reserve the bytes, or say how far over the budget this would go.
+        let mut used = self.used.load(Ordering::Relaxed);
+        loop {
+            if used + size > self.budget {
+                return Err(Refusal::Exhausted(format!(
+                    "a ring of {slots} slots of {slot_bytes} bytes ({size} bytes) does not fit: \
+                     rings take {used} of the daemon's {} bytes for shared memory (shm.budget_bytes)",
+                    self.budget
+                )));
+            }
+            match self.used.compare_exchange(used, used + size, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(now) => used = now,
+            }
+        }
+        let reserved = Reservation {
+            used: self.used.clone(),
+            size,
+        };
+        let fd = memfd(size).map_err(|e| Refusal::Failed(format!("{e:#}")))?;
+        let map = memmap2::MmapOptions::new()
+            .len(size as usize)
+            .map_raw(fd.as_raw_fd())
+            .map_err(|e| Refusal::Failed(format!("mapping the ring: {e}")))?;
+        std::mem::forget(reserved); // the ring gives the bytes back when dropped
+        let ring = Arc::new(Ring {
+            map,
+            slots,
+            slot_bytes,
+            owner,
+            lease: Arc::new(tokio::sync::Mutex::new(())),
+            next: AtomicU32::new(0),
+            used: self.used.clone(),
+        });
+        ring.write_header();
+        let token = random_token().map_err(|e| Refusal::Failed(format!("{e}")))?;
+        self.open.lock().unwrap().insert(token, ring.clone());
+        Ok((ring, token, fd))
+    }
+
+    /// Serves one ring connection: makes the ring asked for, hands it over, and keeps it until
+    /// the client closes the connection (or dies) or the daemon stops.
+    pub async fn serve(self: Arc<Self>, mut stream: UnixStream, mut stop: watch::Receiver<bool>) {
+        let peer = match Peer::of(&stream) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("ring connection without peer credentials: {e}");
+                return;
+            }
+        };
+        let mut req = [0u8; REQUEST_BYTES];
+        match tokio::time::timeout(HELLO_TIMEOUT, stream.read_exact(&mut req)).await {
+            Ok(Ok(_)) => {}
+            _ => return,
+        }
+        let version = u32::from_le_bytes(req[8..12].try_into().unwrap());
+        let slots = u32::from_le_bytes(req[12..16].try_into().unwrap());
+        let slot_bytes = u64::from_le_bytes(req[16..24].try_into().unwrap());
+        let made = if version != VERSION {
+            Err(Refusal::BadRequest(format!(
+                "ring protocol version {version}; this daemon speaks {VERSION}"
+            )))
+        } else {
+            self.create(peer, slots, slot_bytes)
+        };
+        let (ring, token) = match made {
+            Ok((ring, token, fd)) => {
+                let reply = reply(0, &ring, &token, "");
+                if let Err(e) = send_with_fd(&stream, &reply, fd.as_raw_fd()).await {
+                    tracing::warn!("handing a ring over failed: {e}");
+                    self.open.lock().unwrap().remove(&token);
+                    return;
+                }
+                (ring, token)
+            }
+            Err(refusal) => {
+                let (code, msg) = refusal.code_and_message();
+                tracing::info!(uid = peer.uid, "ring refused: {msg}");
+                let _ = send_with_fd(&stream, &reply_error(code, &msg), -1).await;
+                return;
+            }
+        };
+        tracing::debug!(uid = peer.uid, pid = ?peer.pid, slots = ring.slots, slot_bytes = ring.slot_bytes, "ring opened");
+        drop(ring);
+        // The ring is the client's while this connection is open.
+        let mut buf = [0u8; 64];
+        loop {
+            tokio::select! {
+                read = stream.read(&mut buf) => match read {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {} // nothing is expected; ignore
+                },
+                _ = stop.wait_for(|s| *s) => break,
+            }
+        }
+        self.open.lock().unwrap().remove(&token);
+        tracing::debug!(uid = peer.uid, "ring closed");
+    }
+}
+
+/// Whether a new Unix-socket connection asks for a ring (else it is gRPC). Waits for its first
+/// bytes; errors when it closes or stays silent.
+pub async fn is_ring_request(stream: &UnixStream) -> io::Result<bool> {
+    let peek = async {
+        let mut buf = [0u8; 8];
+        loop {
+            stream.readable().await?;
+            let n = match stream.try_io(Interest::READABLE, || peek(stream.as_raw_fd(), &mut buf)) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            };
+            if n == 0 {
+                return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+            }
+            if buf[..n] != MAGIC[..n] {
+                return Ok(false);
+            }
+            if n == MAGIC.len() {
+                return Ok(true);
+            }
+            // A prefix of the magic so far: wait for the rest.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::time::timeout(HELLO_TIMEOUT, peek)
+        .await
+        .unwrap_or_else(|_| Err(io::Error::from(io::ErrorKind::TimedOut)))
+}
+
+impl Ring {
+    fn base(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
+    fn state(&self, k: u32) -> &AtomicU32 {
+        assert!(k < self.slots);
+        // SAFETY: the header is inside the mapping, 4-byte aligned (page-aligned base), and
+        // lives as long as self; the words are only accessed atomically by the daemon.
+        unsafe { &*(self.base().add(STATES_AT + 4 * k as usize) as *const AtomicU32) }
+    }
+
+    fn write_header(&self) {
+        let mut h = [0u8; 24];
+        h[..8].copy_from_slice(MAGIC);
+        h[8..12].copy_from_slice(&self.slots.to_le_bytes());
+        h[16..24].copy_from_slice(&self.slot_bytes.to_le_bytes());
+        // SAFETY: the mapping is at least HEADER_BYTES long and nobody else has it yet.
+        unsafe { std::ptr::copy_nonoverlapping(h.as_ptr(), self.base(), h.len()) };
+    }
+
+    /// Waits until no other stream uses the ring, then frees every slot but `held` (the slots
+    /// the client still has batches in). The ring is this stream's while the guard lives.
+    pub async fn begin_stream(self: &Arc<Self>, held: &[u32]) -> OwnedMutexGuard<()> {
+        let guard = self.lease.clone().lock_owned().await;
+        for k in 0..self.slots {
+            let v = held.contains(&k) as u32;
+            self.state(k).store(v, Ordering::Release);
+        }
+        guard
+    }
+
+    /// A free slot, claimed for the caller; None when the client holds them all.
+    pub fn claim(self: &Arc<Self>) -> Option<Slot> {
+        let start = self.next.load(Ordering::Relaxed);
+        for i in 0..self.slots {
+            let k = (start + i) % self.slots;
+            if self
+                .state(k)
+                .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.next.store((k + 1) % self.slots, Ordering::Relaxed);
+                return Some(Slot {
+                    ring: self.clone(),
+                    index: k,
+                    handed_over: false,
+                });
+            }
+        }
+        None
+    }
+
+    /// Bytes the ring takes.
+    pub fn size(&self) -> u64 {
+        HEADER_BYTES + self.slots as u64 * self.slot_bytes
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        self.used.fetch_sub(self.size(), Ordering::AcqRel);
+    }
+}
+
+impl Slot {
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// Bytes a batch may take in the slot.
+    pub fn capacity(&self) -> usize {
+        self.ring.slot_bytes as usize
+    }
+
+    /// The slot's bytes, for the daemon to write a batch into. Nothing else in the daemon writes
+    /// them while this Slot lives (the client could, into its own data only).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let len = self.ring.slot_bytes as usize;
+        let at = HEADER_BYTES as usize + self.index as usize * len;
+        // SAFETY: the range lies inside the mapping, which lives as long as the Arc'd ring; the
+        // claim (0 -> 1) made this the only daemon-side writer of the slot.
+        unsafe { std::slice::from_raw_parts_mut(self.ring.base().add(at), len) }
+    }
+
+    /// The batch in the slot went to the client: the slot stays taken until it frees it.
+    pub fn hand_over(mut self) {
+        self.handed_over = true;
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if !self.handed_over {
+            self.ring.state(self.index).store(0, Ordering::Release);
+        }
+    }
+}
+
+/// Bytes reserved in the budget, given back unless the ring took them over.
+struct Reservation {
+    used: Arc<AtomicU64>,
+    size: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.used.fetch_sub(self.size, Ordering::AcqRel);
+    }
+}
+
+/// Why a ring was not made.
+enum Refusal {
+    BadRequest(String),
+    Exhausted(String),
+    Failed(String),
+}
+
+impl Refusal {
+    /// The code in the reply (the client maps it to a gRPC status) and the message.
+    fn code_and_message(self) -> (u32, String) {
+        match self {
+            Refusal::BadRequest(m) => (1, m),
+            Refusal::Exhausted(m) => (2, m),
+            Refusal::Failed(m) => (3, m),
+        }
+    }
+}
+
+/// The reply to a ring request: u32 status, u32 message length, u64 ring bytes, u64 header
+/// bytes, u64 slot bytes, u32 slots, u32 zero, 16-byte token, then the message.
+fn reply(status: u32, ring: &Ring, token: &[u8; 16], msg: &str) -> Vec<u8> {
+    let mut r = Vec::with_capacity(56 + msg.len());
+    r.extend_from_slice(&status.to_le_bytes());
+    r.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+    r.extend_from_slice(&ring.size().to_le_bytes());
+    r.extend_from_slice(&HEADER_BYTES.to_le_bytes());
+    r.extend_from_slice(&ring.slot_bytes.to_le_bytes());
+    r.extend_from_slice(&ring.slots.to_le_bytes());
+    r.extend_from_slice(&0u32.to_le_bytes());
+    r.extend_from_slice(token);
+    r.extend_from_slice(msg.as_bytes());
+    r
+}
+
+fn reply_error(status: u32, msg: &str) -> Vec<u8> {
+    let mut r = vec![0u8; 56];
+    r[..4].copy_from_slice(&status.to_le_bytes());
+    r[4..8].copy_from_slice(&(msg.len() as u32).to_le_bytes());
+    r.extend_from_slice(msg.as_bytes());
+    r
+}
+
+/// An anonymous, close-on-exec memfd of `size` bytes whose size is sealed, so the client can
+/// neither shrink it under the daemon's mapping nor grow it.
+fn memfd(size: u64) -> Result<OwnedFd> {
+    // SAFETY: plain syscalls on a descriptor this function owns.
+    unsafe {
+        let fd = libc::memfd_create(
+            c"larder-ring".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        );
+        if fd < 0 {
+            return Err(io::Error::last_os_error()).context("memfd_create");
+        }
+        let fd = OwnedFd::from_raw_fd(fd);
+        if libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) != 0 {
+            return Err(io::Error::last_os_error()).context("sizing the ring's memfd");
+        }
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        if libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) != 0 {
+            bail!("sealing the ring's memfd: {}", io::Error::last_os_error());
+        }
+        Ok(fd)
+    }
+}
+
+fn random_token() -> io::Result<[u8; 16]> {
+    let mut t = [0u8; 16];
+    // SAFETY: getrandom writes at most t.len() bytes into t.
+    let n = unsafe { libc::getrandom(t.as_mut_ptr().cast(), t.len(), 0) };
+    if n != t.len() as isize {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(t)
+}
+
+/// Sends `data` on `stream`, with descriptor `fd` attached (SCM_RIGHTS) unless it is negative.
+async fn send_with_fd(stream: &UnixStream, data: &[u8], fd: RawFd) -> io::Result<()> {
+    loop {
+        stream.writable().await?;
+        match stream.try_io(Interest::WRITABLE, || sendmsg(stream.as_raw_fd(), data, fd)) {
+            Ok(n) if n == data.len() => return Ok(()),
+            Ok(_) => return Err(io::Error::new(io::ErrorKind::WriteZero, "short write")),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn peek(sock: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: recv writes at most buf.len() bytes into buf.
+    let n = unsafe { libc::recv(sock, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+fn sendmsg(sock: RawFd, data: &[u8], fd: RawFd) -> io::Result<usize> {
+    // SAFETY: the message header points at live buffers of the sizes given; the control buffer
+    // is large enough and aligned (u64 array) for one descriptor.
+    unsafe {
+        let mut iov = libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        let mut control = [0u64; 8];
+        if fd >= 0 {
+            let space = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = space as _;
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut RawFd, fd);
+        }
+        let n = libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL);
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn me() -> Peer {
+        Peer {
+            pid: Some(std::process::id() as i32),
+            uid: unsafe { libc::getuid() },
+        }
+    }
+
+    #[test]
+    fn rings_stay_within_the_budget_and_give_their_bytes_back() {
+        let rings = Rings::new(HEADER_BYTES + 4 * 8192);
+        let (ring, token, _fd) = rings.create(me(), 4, 8000).ok().unwrap();
+        assert_eq!(ring.slot_bytes, 8192, "slots are whole pages");
+        assert_eq!(rings.snapshot().1, ring.size());
+        assert!(matches!(rings.create(me(), 1, 1), Err(Refusal::Exhausted(_))));
+        assert!(rings.get(&token, me()).is_ok());
+        let other = Peer { pid: Some(1), uid: me().uid };
+        assert_eq!(rings.get(&token, other).err(), Some(Denied::NotYours));
+        assert_eq!(rings.get(&[0; 16], me()).err(), Some(Denied::NotYours));
+        rings.open.lock().unwrap().remove(&token);
+        drop(ring);
+        assert_eq!(rings.snapshot(), (0, 0, HEADER_BYTES + 4 * 8192));
+        assert!(rings.create(me(), 0, 1).is_err());
+        assert!(rings.create(me(), MAX_SLOTS + 1, 1).is_err());
+    }
+
+    #[tokio::test]
+    async fn slots_are_claimed_once_and_freed_unless_handed_over() {
+        let rings = Rings::new(1 << 20);
+        let (ring, _, fd) = rings.create(me(), 2, 4096).ok().unwrap();
+        // The client's view of the same memory.
+        let client = memmap2::MmapOptions::new()
+            .len(ring.size() as usize)
+            .map_raw(fd.as_raw_fd())
+            .unwrap();
+        let _lease = ring.begin_stream(&[]).await;
+        let mut a = ring.claim().unwrap();
+        let b = ring.claim().unwrap();
+        assert!(ring.claim().is_none(), "two slots, both taken");
+        a.bytes_mut()[..3].copy_from_slice(b"abc");
+        let slot0 = unsafe {
+            std::slice::from_raw_parts(client.as_ptr().add(HEADER_BYTES as usize), 3)
+        };
+        assert_eq!(slot0, b"abc", "the client sees what the daemon wrote");
+        drop(b); // never sent: free again
+        let c = ring.claim().unwrap();
+        assert_eq!(c.index(), 1);
+        a.hand_over();
+        c.hand_over();
+        assert!(ring.claim().is_none(), "the client holds both");
+        // The client frees slot 0 by storing 0 in its state word.
+        unsafe { (client.as_mut_ptr().add(STATES_AT) as *mut u32).write_volatile(0) };
+        assert_eq!(ring.claim().unwrap().index(), 0);
+        drop(_lease);
+        // A new stream frees what the client does not hold.
+        let _lease = ring.begin_stream(&[1]).await;
+        assert_eq!(ring.claim().map(|s| s.index()), Some(0));
+    }
+}
