@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
+import threading
 import time
 import warnings
 from collections.abc import Mapping
@@ -12,6 +14,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Union
 import grpc
 import numpy as np
 
+from larder.shm import Ring, RingRefused, open_ring
 from larder.v1 import larder_pb2 as pb
 from larder.v1 import larder_pb2_grpc as pb_grpc
 
@@ -58,10 +61,14 @@ class Ragged:
         return self.values[self.offsets[i] : self.offsets[i + 1]].reshape(tuple(self.shapes[i]))
 
 
-def _field(f: "pb.FieldBatch", n: int):
-    """(array or Ragged, lengths or None) of one FieldBatch; arrays share the message's bytes."""
+def _field(f: "pb.FieldBatch", n: int, slot: Optional[np.ndarray]):
+    """(array or Ragged, lengths or None) of one FieldBatch; arrays share the message's bytes,
+    or the shared-memory slot's when the batch came in one."""
     dtype = np.dtype(f.dtype)
-    values = np.frombuffer(f.data, dtype=dtype)
+    if slot is not None:
+        values = slot[f.slot_offset : f.slot_offset + f.slot_bytes].view(dtype)
+    else:
+        values = np.frombuffer(f.data, dtype=dtype)
     template = list(f.sample_shape)
     variable = [i for i, d in enumerate(template) if d < 0]
     if not variable:
@@ -76,7 +83,9 @@ def _field(f: "pb.FieldBatch", n: int):
 
 class Batch(Mapping):
     """One batch: a mapping from field name to a numpy array [B, ...] of the field's stored dtype,
-    sharing memory with the received message (read-only; no copy on the way to numpy or torch).
+    sharing memory with the shared-memory slot the daemon wrote it into (writable; the slot is
+    this process's until every array and tensor made from the batch is gone) or with the
+    received message (read-only). No copy on the way to numpy or torch.
 
     A field whose shape varies by sample comes padded with zeros to the batch's largest value,
     its sizes along the variable dims in `lengths[name]` (int64 [B, variable dims]), or, when
@@ -86,7 +95,7 @@ class Batch(Mapping):
 
     __slots__ = ("index", "num_batches", "sample_ids", "fields", "lengths")
 
-    def __init__(self, msg: "pb.Batch"):
+    def __init__(self, msg: "pb.Batch", slot: Optional[np.ndarray] = None):
         self.index: int = msg.batch_index
         self.num_batches: int = msg.num_batches
         self.sample_ids: np.ndarray = np.asarray(msg.sample_ids, dtype=np.int64)
@@ -94,7 +103,7 @@ class Batch(Mapping):
         self.fields: Dict[str, Union[np.ndarray, Ragged]] = {}
         self.lengths: Dict[str, np.ndarray] = {}
         for f in msg.fields:
-            self.fields[f.name], lengths = _field(f, n)
+            self.fields[f.name], lengths = _field(f, n, slot)
             if lengths is not None:
                 self.lengths[f.name] = lengths
 
@@ -124,8 +133,8 @@ class Batch(Mapping):
         return self["label"]
 
     def torch(self, fields: Optional[Sequence[str]] = None):
-        """The fields as torch tensors sharing this batch's memory (read-only: do not modify them
-        in place; move them to the GPU and convert there).
+        """The fields as torch tensors sharing this batch's memory (move them to the GPU and
+        convert there; a batch that came in the message is read-only).
 
         With `fields`, a tuple of those fields in that order; a name `X_lengths` (or
         `X_offsets`) gives a variable field's lengths (or offsets). Without, a dataset whose
@@ -180,8 +189,15 @@ class Client:
             options.append(("grpc.default_authority", "localhost"))
         self._channel = grpc.insecure_channel(self.address, options=options)
         self._stub = pb_grpc.LarderStub(self._channel)
+        # Shared-memory rings no stream uses now, kept for the next stream.
+        self._idle_rings: List[Ring] = []
+        self._rings_lock = threading.Lock()
 
     def close(self) -> None:
+        with self._rings_lock:
+            for r in self._idle_rings:
+                r.close()
+            self._idle_rings.clear()
         self._channel.close()
 
     def __enter__(self) -> "Client":
@@ -229,12 +245,22 @@ class Client:
         drop_last: bool = False,
         fields: Optional[Sequence[str]] = None,
         variable_layout: str = "padded",
+        transport: str = "auto",
+        prefetch: int = 2,
+        pin_memory: bool = False,
     ) -> Iterator[Batch]:
         """The batches of one epoch of rank `rank`'s shard, from `start_batch` on.
 
         `fields` picks and orders the fields served (default: all). Fields whose shape varies
         by sample come padded, with lengths (`variable_layout="padded"`), or as values plus
         offsets (`"offsets"`).
+
+        `transport`: "shm" has the daemon write batches into shared memory this process maps
+        (Unix socket only; fixed-size fields); "bytes" sends them in the gRPC messages; "auto"
+        (default) uses shared memory where it can and bytes otherwise. `prefetch` batches are
+        kept ready by a background thread, so the training loop does not wait on the socket (0:
+        no thread). `pin_memory` registers the shared memory with CUDA, when a GPU is present,
+        so copies to the GPU with `non_blocking=True` run asynchronously from it.
 
         The order is a function of (seed, epoch) only, so if the daemon goes away the stream
         reconnects and asks for the rest, starting at the next batch it has not yielded: every
@@ -243,51 +269,229 @@ class Client:
         layouts = {"padded": pb.PADDED, "offsets": pb.OFFSETS}
         if variable_layout not in layouts:
             raise ValueError(f"variable_layout must be 'padded' or 'offsets', not {variable_layout!r}")
-        next_batch = start_batch
+        if transport not in ("auto", "shm", "bytes"):
+            raise ValueError(f"transport must be 'auto', 'shm' or 'bytes', not {transport!r}")
+        request = pb.StreamBatchesRequest(
+            dataset=dataset,
+            batch_size=batch_size,
+            seed=seed,
+            epoch=epoch,
+            rank=rank,
+            world_size=world_size,
+            start_batch=start_batch,
+            sequential=not shuffle,
+            drop_last=drop_last,
+            fields=list(fields or []),
+            variable_layout=layouts[variable_layout],
+            layout_version=1,
+        )
+        state = _StreamState(max(prefetch, 0))
+        batches = self._batches(request, transport, pin_memory, state)
+        if prefetch <= 0:
+            try:
+                yield from batches
+            finally:
+                batches.close()
+            return
+        yield from _in_background(batches, prefetch, state)
+
+    def _slot_bytes(self, request: "pb.StreamBatchesRequest") -> Optional[int]:
+        """Bytes a batch of this request takes in a slot, or None when a field varies in size."""
+        # Straight to the stub: an unreachable daemon is retried like a broken stream.
+        infos = self._stub.ListDatasets(pb.ListDatasetsRequest()).datasets
+        info = next((d for d in infos if d.name == request.dataset), None)
+        if info is None:
+            return 0  # the daemon says what is wrong
+        by_name = {f.name: f for f in info.fields}
+        names = list(request.fields) or [f.name for f in info.fields]
+        total = 0
+        for name in names:
+            f = by_name.get(name)
+            if f is None:
+                return 0  # the daemon says what is wrong
+            if any(d < 0 for d in f.shape):
+                return None
+            n = request.batch_size * np.dtype(f.dtype).itemsize * int(np.prod(f.shape, dtype=np.int64))
+            total += (n + 63) // 64 * 64
+        return max(total, 1)
+
+    def _ring(self, request: "pb.StreamBatchesRequest", transport: str, pin_memory: bool, prefetch: int):
+        """A ring for this stream (an idle one of this client's if it fits), or None for bytes."""
+        path = _unix_path(self.address)
+        if path is None:
+            if transport == "shm":
+                raise LarderError("transport='shm' needs the daemon's Unix socket (address unix:/path)")
+            return None
+        slot_bytes = self._slot_bytes(request)
+        if slot_bytes is None:
+            if transport == "shm":
+                raise LarderError(
+                    "transport='shm' needs fields of fixed size; this request has a variable one"
+                )
+            return None
+        slots = prefetch + 8
+        with self._rings_lock:
+            for i, r in enumerate(self._idle_rings):
+                if r.slot_bytes >= slot_bytes and r.slots >= slots and not r.closed:
+                    ring = self._idle_rings.pop(i)
+                    break
+            else:
+                ring = None
+        if ring is None:
+            try:
+                ring = open_ring(path, slots, slot_bytes)
+            except RingRefused as e:
+                if transport == "shm":
+                    raise LarderError(str(e), getattr(grpc.StatusCode, e.code, None)) from None
+                log.warning("larderd made no shared-memory ring (%s); batches come in messages", e)
+                return None
+        if ring is not None and pin_memory and not ring.pin():
+            log.info("pin_memory: no GPU here, the ring stays unpinned")
+        return ring
+
+    def _give_back(self, ring: "Ring") -> None:
+        with self._rings_lock:
+            if not ring.closed:
+                self._idle_rings.append(ring)
+
+    def _batches(
+        self, request: "pb.StreamBatchesRequest", transport: str, pin_memory: bool, state: "_StreamState"
+    ) -> Iterator[Batch]:
+        next_batch = request.start_batch
         retry_until = None
         delay = 0.05
-        while True:
-            request = pb.StreamBatchesRequest(
-                dataset=dataset,
-                batch_size=batch_size,
-                seed=seed,
-                epoch=epoch,
-                rank=rank,
-                world_size=world_size,
-                start_batch=next_batch,
-                sequential=not shuffle,
-                drop_last=drop_last,
-                fields=list(fields or []),
-                variable_layout=layouts[variable_layout],
-                layout_version=1,
-            )
-            call = self._stub.StreamBatches(request)
-            try:
-                for msg in call:
-                    if msg.batch_index != next_batch:
+        want_ring = transport != "bytes"
+        ring = None
+        try:
+            while True:
+                try:
+                    if want_ring and ring is None:
+                        ring = self._ring(request, transport, pin_memory, state.prefetch)
+                        want_ring = ring is not None
+                    request.start_batch = next_batch
+                    request.shm_ring = ring.token if ring is not None else b""
+                    del request.held_slots[:]
+                    if ring is not None:
+                        request.held_slots.extend(ring.held)
+                    call = self._stub.StreamBatches(request)
+                    state.call = call
+                    if state.stopped:
+                        return
+                    try:
+                        for msg in call:
+                            if msg.batch_index != next_batch:
+                                raise LarderError(
+                                    f"expected batch {next_batch} from the daemon, got {msg.batch_index}"
+                                )
+                            slot = None
+                            if msg.slot:
+                                if ring is None:
+                                    raise LarderError("larderd sent a batch in a ring this stream does not have")
+                                slot = ring.take(msg.slot - 1)
+                            next_batch += 1
+                            retry_until, delay = None, 0.05
+                            yield Batch(msg, slot)
+                            del slot
+                        return
+                    finally:
+                        call.cancel()
+                except (grpc.RpcError, ConnectionError, FileNotFoundError) as e:
+                    if state.stopped:
+                        return
+                    code = e.code() if isinstance(e, grpc.RpcError) else grpc.StatusCode.UNAVAILABLE
+                    details = e.details() if isinstance(e, grpc.RpcError) else str(e)
+                    if code not in _RETRYABLE:
+                        raise LarderError(details, code) from None
+                    if ring is not None:
+                        # The daemon went away, and its rings with it: make a new one.
+                        ring.close()
+                        ring, want_ring = None, True
+                    now = time.monotonic()
+                    if retry_until is None:
+                        retry_until = now + self.reconnect_timeout
+                    if now >= retry_until:
                         raise LarderError(
-                            f"expected batch {next_batch} from the daemon, got {msg.batch_index}"
-                        )
-                    next_batch += 1
-                    retry_until, delay = None, 0.05
-                    yield Batch(msg)
+                            f"larderd at {self.address} unreachable for {self.reconnect_timeout:.0f}s: "
+                            f"{details}",
+                            code,
+                        ) from None
+                    log.warning("larderd stream interrupted (%s); resuming at batch %d", details, next_batch)
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+        finally:
+            if ring is not None:
+                self._give_back(ring)
+
+
+def _unix_path(address: str) -> Optional[str]:
+    """The socket path of a "unix:" address, else None."""
+    if address.startswith("unix://"):
+        return address[len("unix://"):]
+    if address.startswith("unix:"):
+        return address[len("unix:"):]
+    return None
+
+
+class _StreamState:
+    """What the consumer of a stream shares with the thread that reads it."""
+
+    def __init__(self, prefetch: int = 2):
+        self.prefetch = prefetch
+        self.call = None
+        self.stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
+        call = self.call
+        if call is not None:
+            call.cancel()
+
+
+_DONE = object()
+
+
+def _in_background(batches: Iterator[Batch], depth: int, state: _StreamState) -> Iterator[Batch]:
+    """Yields `batches`, read ahead by up to `depth` in a background thread."""
+    state.prefetch = depth
+    q: "queue.Queue" = queue.Queue(maxsize=depth)
+
+    def put(item) -> bool:
+        while not state.stopped:
+            try:
+                q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def run() -> None:
+        try:
+            for b in batches:
+                if not put((None, b)):
+                    return
+                del b
+            put((None, _DONE))
+        except BaseException as e:  # handed to the consumer
+            put((e, None))
+        finally:
+            batches.close()
+
+    thread = threading.Thread(target=run, name="larder-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            err, item = q.get()
+            if err is not None:
+                raise err
+            if item is _DONE:
                 return
-            except grpc.RpcError as e:
-                if e.code() not in _RETRYABLE:
-                    raise LarderError(e.details(), e.code()) from None
-                now = time.monotonic()
-                if retry_until is None:
-                    retry_until = now + self.reconnect_timeout
-                if now >= retry_until:
-                    raise LarderError(
-                        f"larderd at {self.address} unreachable for {self.reconnect_timeout:.0f}s: "
-                        f"{e.details()}",
-                        e.code(),
-                    ) from None
-                log.warning(
-                    "larderd stream interrupted (%s); resuming at batch %d", e.details(), next_batch
-                )
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
-            finally:
-                call.cancel()
+            yield item
+            item = None
+    finally:
+        state.stop()
+        while thread.is_alive():
+            try:
+                q.get(timeout=0.05)  # let the reader go, and the slots of unread batches
+            except queue.Empty:
+                pass
+        thread.join()

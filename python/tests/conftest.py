@@ -45,7 +45,7 @@ def larderd_binary() -> pathlib.Path:
 class Daemon:
     """larderd on a Unix socket and a TCP port, from a config written to tmp_path."""
 
-    def __init__(self, tmp_path: pathlib.Path, datasets: str):
+    def __init__(self, tmp_path: pathlib.Path, datasets: str, extra: str = ""):
         self.socket = tmp_path / "larder.sock"
         self.port = free_port()
         self.config = tmp_path / "larder.toml"
@@ -55,7 +55,7 @@ class Daemon:
             "[scratch]\n"
             f'dir = "{tmp_path / "scratch"}"\n'
             "[memory]\n"
-            "budget_bytes = 10000000\n" + datasets
+            "budget_bytes = 10000000\n" + extra + datasets
         )
         self.log = open(tmp_path / "larderd.log", "ab")
         self.proc = None

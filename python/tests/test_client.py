@@ -43,10 +43,13 @@ def test_lists_datasets_and_streams_an_epoch(daemon, transport):
         assert {t.tier for t in stats.tiers} == {"memory", "scratch", "raw"}
 
 
-def test_batches_are_views_not_copies(daemon):
+@pytest.mark.parametrize("transport", ["shm", "bytes"])
+def test_batches_are_views_not_copies(daemon, transport):
     with larder.Client(daemon.unix) as c:
-        b = next(c.stream("train", 16))
-        assert not b.images.flags.owndata and not b.images.flags.writeable
+        b = next(c.stream("train", 16, transport=transport))
+        assert not b.images.flags.owndata
+        # In shared memory the arrays are the slot's (writable); in a message, its bytes.
+        assert b.images.flags.writeable == (transport == "shm")
         images, labels = b.torch()
         assert images.dtype == torch.uint8 and labels.dtype == torch.int64
         assert images.data_ptr() == b.images.ctypes.data, "torch shares the numpy memory"

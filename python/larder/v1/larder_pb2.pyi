@@ -77,7 +77,7 @@ class ListDatasetsResponse(_message.Message):
     def __init__(self, datasets: _Optional[_Iterable[_Union[DatasetInfo, _Mapping]]] = ...) -> None: ...
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = ("dataset", "batch_size", "seed", "epoch", "rank", "world_size", "start_batch", "sequential", "drop_last", "fields", "variable_layout", "layout_version")
+    __slots__ = ("dataset", "batch_size", "seed", "epoch", "rank", "world_size", "start_batch", "sequential", "drop_last", "fields", "variable_layout", "layout_version", "shm_ring", "held_slots")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,8 @@ class StreamBatchesRequest(_message.Message):
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     VARIABLE_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SHM_RING_FIELD_NUMBER: _ClassVar[int]
+    HELD_SLOTS_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     batch_size: int
     seed: int
@@ -102,10 +104,12 @@ class StreamBatchesRequest(_message.Message):
     fields: _containers.RepeatedScalarFieldContainer[str]
     variable_layout: VariableLayout
     layout_version: int
-    def __init__(self, dataset: _Optional[str] = ..., batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., sequential: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., fields: _Optional[_Iterable[str]] = ..., variable_layout: _Optional[_Union[VariableLayout, str]] = ..., layout_version: _Optional[int] = ...) -> None: ...
+    shm_ring: bytes
+    held_slots: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, dataset: _Optional[str] = ..., batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., sequential: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., fields: _Optional[_Iterable[str]] = ..., variable_layout: _Optional[_Union[VariableLayout, str]] = ..., layout_version: _Optional[int] = ..., shm_ring: _Optional[bytes] = ..., held_slots: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FieldBatch(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "data", "lengths", "offsets", "sample_shape")
+    __slots__ = ("name", "dtype", "shape", "data", "lengths", "offsets", "sample_shape", "slot_offset", "slot_bytes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +117,8 @@ class FieldBatch(_message.Message):
     LENGTHS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    SLOT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SLOT_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
@@ -120,10 +126,12 @@ class FieldBatch(_message.Message):
     lengths: _containers.RepeatedScalarFieldContainer[int]
     offsets: _containers.RepeatedScalarFieldContainer[int]
     sample_shape: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., lengths: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., sample_shape: _Optional[_Iterable[int]] = ...) -> None: ...
+    slot_offset: int
+    slot_bytes: int
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., lengths: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., slot_offset: _Optional[int] = ..., slot_bytes: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("batch_index", "num_batches", "shape", "data", "labels", "sample_ids", "fields")
+    __slots__ = ("batch_index", "num_batches", "shape", "data", "labels", "sample_ids", "fields", "slot")
     BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_BATCHES_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +139,7 @@ class Batch(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_IDS_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
     batch_index: int
     num_batches: int
     shape: _containers.RepeatedScalarFieldContainer[int]
@@ -138,7 +147,8 @@ class Batch(_message.Message):
     labels: _containers.RepeatedScalarFieldContainer[int]
     sample_ids: _containers.RepeatedScalarFieldContainer[int]
     fields: _containers.RepeatedCompositeFieldContainer[FieldBatch]
-    def __init__(self, batch_index: _Optional[int] = ..., num_batches: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., sample_ids: _Optional[_Iterable[int]] = ..., fields: _Optional[_Iterable[_Union[FieldBatch, _Mapping]]] = ...) -> None: ...
+    slot: int
+    def __init__(self, batch_index: _Optional[int] = ..., num_batches: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., sample_ids: _Optional[_Iterable[int]] = ..., fields: _Optional[_Iterable[_Union[FieldBatch, _Mapping]]] = ..., slot: _Optional[int] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()
@@ -155,7 +165,7 @@ class TierStats(_message.Message):
     def __init__(self, tier: _Optional[str] = ..., hits: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("tiers", "memory_bytes", "memory_budget_bytes", "memory_entries", "hit_rate", "client_stall_seconds", "batches_served", "samples_served", "bytes_served", "active_streams", "coalesced_fetches", "admissions_declined", "uptime_seconds", "machine_available_bytes", "measured_expansion_factor", "scratch_bytes", "scratch_budget_bytes", "scratch_corrupt_records", "scratch_paused", "planned_expansion_factor")
+    __slots__ = ("tiers", "memory_bytes", "memory_budget_bytes", "memory_entries", "hit_rate", "client_stall_seconds", "batches_served", "samples_served", "bytes_served", "active_streams", "coalesced_fetches", "admissions_declined", "uptime_seconds", "machine_available_bytes", "measured_expansion_factor", "scratch_bytes", "scratch_budget_bytes", "scratch_corrupt_records", "scratch_paused", "planned_expansion_factor", "shm_rings", "shm_bytes", "shm_budget_bytes", "shm_batches", "shm_fallbacks")
     TIERS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +186,11 @@ class Stats(_message.Message):
     SCRATCH_CORRUPT_RECORDS_FIELD_NUMBER: _ClassVar[int]
     SCRATCH_PAUSED_FIELD_NUMBER: _ClassVar[int]
     PLANNED_EXPANSION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    SHM_RINGS_FIELD_NUMBER: _ClassVar[int]
+    SHM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHM_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHM_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    SHM_FALLBACKS_FIELD_NUMBER: _ClassVar[int]
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     memory_bytes: int
     memory_budget_bytes: int
@@ -196,4 +211,9 @@ class Stats(_message.Message):
     scratch_corrupt_records: int
     scratch_paused: str
     planned_expansion_factor: float
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., memory_entries: _Optional[int] = ..., hit_rate: _Optional[float] = ..., client_stall_seconds: _Optional[float] = ..., batches_served: _Optional[int] = ..., samples_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., active_streams: _Optional[int] = ..., coalesced_fetches: _Optional[int] = ..., admissions_declined: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., machine_available_bytes: _Optional[int] = ..., measured_expansion_factor: _Optional[float] = ..., scratch_bytes: _Optional[int] = ..., scratch_budget_bytes: _Optional[int] = ..., scratch_corrupt_records: _Optional[int] = ..., scratch_paused: _Optional[str] = ..., planned_expansion_factor: _Optional[float] = ...) -> None: ...
+    shm_rings: int
+    shm_bytes: int
+    shm_budget_bytes: int
+    shm_batches: int
+    shm_fallbacks: int
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., memory_entries: _Optional[int] = ..., hit_rate: _Optional[float] = ..., client_stall_seconds: _Optional[float] = ..., batches_served: _Optional[int] = ..., samples_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., active_streams: _Optional[int] = ..., coalesced_fetches: _Optional[int] = ..., admissions_declined: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., machine_available_bytes: _Optional[int] = ..., measured_expansion_factor: _Optional[float] = ..., scratch_bytes: _Optional[int] = ..., scratch_budget_bytes: _Optional[int] = ..., scratch_corrupt_records: _Optional[int] = ..., scratch_paused: _Optional[str] = ..., planned_expansion_factor: _Optional[float] = ..., shm_rings: _Optional[int] = ..., shm_bytes: _Optional[int] = ..., shm_budget_bytes: _Optional[int] = ..., shm_batches: _Optional[int] = ..., shm_fallbacks: _Optional[int] = ...) -> None: ...
