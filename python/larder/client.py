@@ -336,6 +336,10 @@ class Client:
                     ring = self._idle_rings.pop(i)
                     break
             else:
+                # None fits: give the idle ones back before asking for a larger one.
+                for r in self._idle_rings:
+                    r.close()
+                self._idle_rings.clear()
                 ring = None
         if ring is None:
             try:
@@ -389,6 +393,8 @@ class Client:
                                     raise LarderError("larderd sent a batch in a ring this stream does not have")
                                 slot = ring.take(msg.slot - 1)
                             next_batch += 1
+                            if ring is not None:
+                                ring.waiting_for(next_batch)
                             retry_until, delay = None, 0.05
                             yield Batch(msg, slot)
                             del slot

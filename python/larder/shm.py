@@ -25,6 +25,7 @@ MAGIC = b"LARDRING"
 _VERSION = 1
 _REPLY = struct.Struct("<IIQQQII16s")  # status, message length, size, header, slot bytes, slots, 0, token
 _STATES_AT = 64
+_CLIENT_NEXT_AT = 40
 # Reply status -> gRPC status code name.
 _CODES = {1: "INVALID_ARGUMENT", 2: "RESOURCE_EXHAUSTED", 3: "INTERNAL"}
 
@@ -76,6 +77,7 @@ class Ring:
         self.slots: int = slots
         self.slot_bytes: int = slot_bytes
         self._state = np.frombuffer(self._mm, np.uint32, count=slots, offset=_STATES_AT)
+        self._next = np.frombuffer(self._mm, np.uint64, count=1, offset=_CLIENT_NEXT_AT)
         self._held: Set[int] = set()
         self._lock = threading.Lock()
         # Pinned rings: slots released while GPU copies from them may still be queued wait
@@ -89,6 +91,11 @@ class Ring:
         self.poll()
         with self._lock:
             return sorted(self._held | {s for s, _ in self._pending})
+
+    def waiting_for(self, batch: int) -> None:
+        """Tells the daemon the stream's next batch is `batch`: when this process holds every
+        slot, that batch comes in the message rather than waiting for a slot."""
+        self._next[0] = batch
 
     def take(self, slot: int) -> np.ndarray:
         """The bytes of `slot` as a uint8 array; every array made from it keeps the slot this

@@ -281,7 +281,7 @@ impl Larder for Service {
             let _guard = guard;
             // The ring is this stream's until it ends (a previous stream on it must stop first).
             let _lease = match &ring {
-                Some(r) => Some(r.begin_stream(&held).await),
+                Some(r) => Some(r.begin_stream(&held, plan_start).await),
                 None => None,
             };
             let started = Instant::now();
@@ -308,6 +308,11 @@ impl Larder for Service {
                     },
                     _ = until_stopped(&mut shutdown) => {
                         let _ = tx.send(Err(shutting_down())).await;
+                        return;
+                    }
+                    // The client went away while a batch waited (for a slot, say).
+                    _ = tx.closed() => {
+                        tracing::info!(dataset = %ds.name, "client went away; stream closed");
                         return;
                     }
                 };

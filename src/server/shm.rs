@@ -11,13 +11,19 @@
 //! its side and the kernel frees the memory once the client's mapping is gone too. Nothing is
 //! left behind by a crash of either side.
 //!
-//! Layout: a header of `HEADER_BYTES` (u64 magic, u32 slots, u32 zero, u64 slot bytes, then at
-//! byte 64 one u32 state per slot), then the slots, each `slot_bytes` (a multiple of 4096) long.
+//! Layout: a header of `HEADER_BYTES` (u64 magic, u32 slots, u32 zero, u64 slot bytes; at byte
+//! 40 a u64 the client writes: the index of the next batch it waits for; at byte 64 one u32 state
+//! per slot), then the slots, each `slot_bytes` (a multiple of 4096) long.
 //! A slot's state is 0 when free and 1 when it is the daemon's or the client's. The daemon claims
 //! a free slot (0 -> 1), writes a batch into it and sends the Batch naming it; the slot is then
 //! the client's until the client stores 0, once it is done with every array that views it. A
 //! stream that starts on a ring frees every slot except those the client says it still holds.
 //! One stream at a time uses a ring; the next waits until the previous one has stopped writing.
+//!
+//! The ring is the stream's backpressure (its messages are too small for HTTP/2's): a batch
+//! waits for a free slot while the client is still reading earlier batches. When the client
+//! already waits for that very batch and holds every slot (it keeps batches alive), the batch
+//! goes in the message instead, so a client never deadlocks the stream.
 
 use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
@@ -36,6 +42,8 @@ pub const MAGIC: &[u8; 8] = b"LARDRING";
 const VERSION: u32 = 1;
 /// Bytes of the ring's header: the layout and one state word per slot.
 pub const HEADER_BYTES: u64 = 4096;
+/// Offset of the client's word: the next batch it waits for.
+const CLIENT_NEXT_AT: usize = 40;
 /// Offset of the first slot state word in the header.
 const STATES_AT: usize = 64;
 /// Most slots a ring may have (their state words fill the header).
@@ -91,6 +99,8 @@ pub struct Ring {
     lease: Arc<tokio::sync::Mutex<()>>,
     /// Where the next claim starts looking, so slots are used in turn.
     next: AtomicU32,
+    /// The connection that made it has closed: no batch waits for a slot any more.
+    closed: std::sync::atomic::AtomicBool,
     /// The budget's counter, given back to on drop.
     used: Arc<AtomicU64>,
 }
@@ -130,7 +140,12 @@ impl Rings {
 
     /// Makes a ring of `slots` slots of at least `slot_bytes` each for `owner`, within the
     /// budget; returns it, its token and the memfd to hand over.
-    fn create(&self, owner: Peer, slots: u32, slot_bytes: u64) -> Result<(Arc<Ring>, [u8; 16], OwnedFd), Refusal> {
+    fn create(
+        &self,
+        owner: Peer,
+        slots: u32,
+        slot_bytes: u64,
+    ) -> Result<(Arc<Ring>, [u8; 16], OwnedFd), Refusal> {
         if slots == 0 || slots > MAX_SLOTS {
             return Err(Refusal::BadRequest(format!(
                 "a ring has 1 to {MAX_SLOTS} slots, not {slots}"
@@ -154,7 +169,10 @@ impl Rings {
                     self.budget
                 )));
             }
-            match self.used.compare_exchange(used, used + size, Ordering::AcqRel, Ordering::Relaxed) {
+            match self
+                .used
+                .compare_exchange(used, used + size, Ordering::AcqRel, Ordering::Relaxed)
+            {
                 Ok(_) => break,
                 Err(now) => used = now,
             }
@@ -176,6 +194,7 @@ impl Rings {
             owner,
             lease: Arc::new(tokio::sync::Mutex::new(())),
             next: AtomicU32::new(0),
+            closed: Default::default(),
             used: self.used.clone(),
         });
         ring.write_header();
@@ -239,7 +258,9 @@ impl Rings {
                 _ = stop.wait_for(|s| *s) => break,
             }
         }
-        self.open.lock().unwrap().remove(&token);
+        if let Some(ring) = self.open.lock().unwrap().remove(&token) {
+            ring.closed.store(true, Ordering::Release);
+        }
         tracing::debug!(uid = peer.uid, "ring closed");
     }
 }
@@ -295,15 +316,38 @@ impl Ring {
         unsafe { std::ptr::copy_nonoverlapping(h.as_ptr(), self.base(), h.len()) };
     }
 
+    fn client_next(&self) -> &AtomicU64 {
+        // SAFETY: as for `state`; 8-byte aligned.
+        unsafe { &*(self.base().add(CLIENT_NEXT_AT) as *const AtomicU64) }
+    }
+
     /// Waits until no other stream uses the ring, then frees every slot but `held` (the slots
-    /// the client still has batches in). The ring is this stream's while the guard lives.
-    pub async fn begin_stream(self: &Arc<Self>, held: &[u32]) -> OwnedMutexGuard<()> {
+    /// the client still has batches in); the stream starts at batch `start`. The ring is this
+    /// stream's while the guard lives.
+    pub async fn begin_stream(self: &Arc<Self>, held: &[u32], start: u64) -> OwnedMutexGuard<()> {
         let guard = self.lease.clone().lock_owned().await;
+        self.client_next().store(start, Ordering::Release);
         for k in 0..self.slots {
             let v = held.contains(&k) as u32;
             self.state(k).store(v, Ordering::Release);
         }
         guard
+    }
+
+    /// A slot for batch `b`: waits while the client holds every slot and is still reading
+    /// batches before `b`; None when it holds them all and waits for `b` itself.
+    pub async fn claim_for(self: &Arc<Self>, b: u64) -> Option<Slot> {
+        loop {
+            if let Some(slot) = self.claim() {
+                return Some(slot);
+            }
+            if self.client_next().load(Ordering::Acquire) >= b
+                || self.closed.load(Ordering::Acquire)
+            {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     /// A free slot, claimed for the caller; None when the client holds them all.
@@ -532,9 +576,15 @@ mod tests {
         let (ring, token, _fd) = rings.create(me(), 4, 8000).ok().unwrap();
         assert_eq!(ring.slot_bytes, 8192, "slots are whole pages");
         assert_eq!(rings.snapshot().1, ring.size());
-        assert!(matches!(rings.create(me(), 1, 1), Err(Refusal::Exhausted(_))));
+        assert!(matches!(
+            rings.create(me(), 1, 1),
+            Err(Refusal::Exhausted(_))
+        ));
         assert!(rings.get(&token, me()).is_ok());
-        let other = Peer { pid: Some(1), uid: me().uid };
+        let other = Peer {
+            pid: Some(1),
+            uid: me().uid,
+        };
         assert_eq!(rings.get(&token, other).err(), Some(Denied::NotYours));
         assert_eq!(rings.get(&[0; 16], me()).err(), Some(Denied::NotYours));
         rings.open.lock().unwrap().remove(&token);
@@ -553,14 +603,13 @@ mod tests {
             .len(ring.size() as usize)
             .map_raw(fd.as_raw_fd())
             .unwrap();
-        let _lease = ring.begin_stream(&[]).await;
+        let _lease = ring.begin_stream(&[], 0).await;
         let mut a = ring.claim().unwrap();
         let b = ring.claim().unwrap();
         assert!(ring.claim().is_none(), "two slots, both taken");
         a.bytes_mut()[..3].copy_from_slice(b"abc");
-        let slot0 = unsafe {
-            std::slice::from_raw_parts(client.as_ptr().add(HEADER_BYTES as usize), 3)
-        };
+        let slot0 =
+            unsafe { std::slice::from_raw_parts(client.as_ptr().add(HEADER_BYTES as usize), 3) };
         assert_eq!(slot0, b"abc", "the client sees what the daemon wrote");
         drop(b); // never sent: free again
         let c = ring.claim().unwrap();
@@ -573,7 +622,15 @@ mod tests {
         assert_eq!(ring.claim().unwrap().index(), 0);
         drop(_lease);
         // A new stream frees what the client does not hold.
-        let _lease = ring.begin_stream(&[1]).await;
-        assert_eq!(ring.claim().map(|s| s.index()), Some(0));
+        let _lease = ring.begin_stream(&[1], 5).await;
+        let a = ring.claim_for(5).await.unwrap();
+        assert_eq!(a.index(), 0);
+        // Slot 1 is the client's; batch 6 waits while the client has not taken batch 5 yet...
+        let wait = tokio::time::timeout(Duration::from_millis(30), ring.claim_for(6)).await;
+        assert!(wait.is_err(), "backpressure: batch 6 waits for a slot");
+        // ...and goes in the message once the client waits for it with every slot held.
+        a.hand_over();
+        unsafe { (client.as_mut_ptr().add(CLIENT_NEXT_AT) as *mut u64).write_volatile(6) };
+        assert!(ring.claim_for(6).await.is_none());
     }
 }

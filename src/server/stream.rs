@@ -1,6 +1,7 @@
 //! One stream of batches: which fields it serves and how, batch assembly (per field one
 //! contiguous buffer), and the metered, shutdown-aware forwarding to the client.
 
+use super::shm::{Ring, Slot};
 use crate::catalog::Dataset;
 use crate::fields::{FieldSpec, Schema};
 use crate::metrics::Metrics;
@@ -8,7 +9,6 @@ use crate::proto::{Batch, FieldBatch, VariableLayout};
 use crate::sampler::Plan;
 use crate::store::Store;
 use anyhow::{ensure, Context, Result};
-use super::shm::{Ring, Slot};
 use bytes::Bytes;
 use futures::Stream;
 use std::pin::Pin;
@@ -171,7 +171,10 @@ pub async fn assemble(
             o
         })
         .collect();
-    let mut slot = ring.and_then(|r| r.claim());
+    let mut slot = match ring {
+        Some(r) => r.claim_for(b).await,
+        None => None,
+    };
     if slot.as_ref().is_some_and(|s| s.capacity() < at) {
         slot = None; // a variable batch larger than the slots: this one goes in the message
     }

@@ -1,0 +1,239 @@
+"""Shared-memory delivery against a real larderd on a real Unix socket."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import larder
+from conftest import SHAPE, Daemon, make_h5, sample
+from larder.v1 import larder_pb2 as pb
+
+LENGTH = int(np.prod(SHAPE))
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def check(batches, expected_ids):
+    ids = []
+    for b in batches:
+        for k, i in enumerate(b.sample_ids):
+            np.testing.assert_array_equal(b.images[k].reshape(-1), sample(int(i), LENGTH))
+            assert b.labels[k] == i % 10
+        ids.extend(int(i) for i in b.sample_ids)
+    assert sorted(ids) == sorted(expected_ids), "every sample exactly once"
+
+
+def consume(stream, check_ids):
+    """Reads a stream as a training loop does: each batch dropped before the next."""
+    ids = []
+    for b in stream:
+        for k, i in enumerate(b.sample_ids):
+            np.testing.assert_array_equal(b.images[k].reshape(-1), sample(int(i), LENGTH))
+        ids.extend(int(i) for i in b.sample_ids)
+    check_ids(ids)
+    return ids
+
+
+def rss_shmem_kb(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("RssShmem:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_concurrent_clients_and_ranks_get_every_sample_once_byte_exact(daemon):
+    results = {}
+
+    def job(name, rank, world):
+        with larder.Client(daemon.unix) as c:
+            results[name] = consume(
+                c.stream("train", 16, seed=5, epoch=1, rank=rank, world_size=world, transport="shm"),
+                lambda ids: None,
+            )
+
+    threads = [threading.Thread(target=job, args=(f"solo{k}", 0, 1)) for k in range(2)]
+    threads += [threading.Thread(target=job, args=(f"rank{r}", r, 3)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(2):
+        assert sorted(results[f"solo{k}"]) == list(range(300))
+    assert results["solo0"] == results["solo1"], "same seed and epoch, same order"
+    ranks = [results[f"rank{r}"] for r in range(3)]
+    assert sorted(i for r in ranks for i in r) == list(range(300))
+    with larder.Client(daemon.unix) as c:
+        s = c.stats()
+    assert s.shm_batches > 0 and s.shm_fallbacks == 0, (s.shm_batches, s.shm_fallbacks)
+    assert s.shm_rings == 0 and s.shm_bytes == 0, "every client closed: every ring freed"
+
+
+def test_a_client_keeping_batches_gets_the_rest_in_messages_and_no_slot_is_reused(daemon):
+    with larder.Client(daemon.unix) as c:
+        kept = list(c.stream("train", 10, seed=2, transport="shm", prefetch=1))
+        check(kept, range(300))  # slots were never overwritten while their batches lived
+        s = c.stats()
+        assert s.shm_fallbacks > 0, "30 batches kept, fewer slots: the rest came in messages"
+        assert s.shm_rings == 1, "one ring, reused by the client's streams"
+        del kept
+        before = c.stats()
+        consume(c.stream("train", 10, seed=2, epoch=1), lambda ids: sorted(ids) == list(range(300)))
+        after = c.stats()
+        assert after.shm_fallbacks == before.shm_fallbacks, "batches dropped free their slots"
+        assert after.shm_rings == 1
+
+
+def test_breaking_off_a_stream_frees_its_slots_for_the_next(daemon):
+    with larder.Client(daemon.unix) as c:
+        for _ in range(3):
+            s = c.stream("train", 10, seed=4, transport="shm")
+            held = next(s)
+            s.close()  # broken off with batches in flight
+        consume(c.stream("train", 10, seed=4, transport="shm"), lambda ids: None)
+        check([held], held.sample_ids.tolist())  # still intact: the client holds its slot
+        assert c.stats().shm_fallbacks == 0
+
+
+def test_the_bytes_path_still_works_over_tcp_and_shm_needs_the_unix_socket(daemon):
+    with larder.Client(daemon.tcp) as c:
+        check(list(c.stream("train", 32, seed=1)), range(300))
+        with pytest.raises(larder.LarderError, match="Unix socket"):
+            next(c.stream("train", 32, transport="shm"))
+        assert c.stats().shm_batches == 0
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {python!r})
+    import larder
+    c = larder.Client({address!r})
+    s = c.stream("train", 10, transport="shm")
+    b = next(s)
+    print("streaming", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_killed_client_frees_its_ring(daemon):
+    pid = daemon.proc.pid
+    with larder.Client(daemon.unix) as c:
+        consume(c.stream("train", 10, transport="bytes"), lambda ids: None)  # warm
+        base_rings, base_shmem = c.stats().shm_rings, rss_shmem_kb(pid)
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD.format(python=str(REPO / "python"), address=daemon.unix)],
+            stdout=subprocess.PIPE,
+        )
+        assert child.stdout.readline().strip() == b"streaming"
+        s = c.stats()
+        assert s.shm_rings == base_rings + 1 and s.shm_bytes > 0
+        assert rss_shmem_kb(pid) > base_shmem, "the daemon has written into the child's ring"
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        deadline = time.monotonic() + 10
+        while c.stats().shm_rings != base_rings and time.monotonic() < deadline:
+            time.sleep(0.05)
+        s = c.stats()
+        assert (s.shm_rings, s.shm_bytes) == (base_rings, 0)
+        assert rss_shmem_kb(pid) <= base_shmem, "the daemon's memory is back where it was"
+    assert not any("larder" in p for p in os.listdir("/dev/shm")), "nothing left in /dev/shm"
+
+
+OTHER = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {python!r})
+    import grpc
+    from larder.v1 import larder_pb2 as pb, larder_pb2_grpc as pbg
+    ch = grpc.insecure_channel({address!r}, options=[("grpc.default_authority", "localhost")])
+    req = pb.StreamBatchesRequest(dataset="train", batch_size=10, layout_version=1,
+                                  shm_ring=bytes.fromhex({token!r}))
+    try:
+        next(iter(pbg.LarderStub(ch).StreamBatches(req)))
+        print("SERVED")
+    except grpc.RpcError as e:
+        print(e.code().name, e.details())
+    """
+)
+
+
+def test_a_ring_cannot_be_used_by_another_process(daemon):
+    with larder.Client(daemon.unix) as c:
+        s = c.stream("train", 10, transport="shm")
+        next(s)
+        s.close()  # the ring goes back to the client's idle rings, still open
+        (ring,) = c._idle_rings
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                OTHER.format(python=str(REPO / "python"), address=daemon.unix, token=ring.token.hex()),
+            ],
+            capture_output=True,
+            check=True,
+        ).stdout.decode()
+        assert out.startswith("PERMISSION_DENIED"), out
+        # A made-up token from this very process is refused too.
+        stub_req = pb.StreamBatchesRequest(dataset="train", batch_size=10, layout_version=1, shm_ring=b"x" * 16)
+        with pytest.raises(Exception, match="no shared-memory ring"):
+            next(iter(c._stub.StreamBatches(stub_req)))
+
+
+def test_rings_stay_within_the_daemon_cap_with_many_slow_clients(tmp_path):
+    make_h5(tmp_path / "train.h5", 300)
+    # Room for two rings of 10 slots of 10 samples (plus headers), not three.
+    ring = 4096 + 10 * (-(-(10 * LENGTH + 64 + 128) // 4096) * 4096)
+    d = Daemon(
+        tmp_path,
+        f'[[dataset]]\nname = "train"\npath = "{tmp_path / "train.h5"}"\nlabels = "labels"\n',
+        extra=f"[shm]\nbudget_bytes = {2 * ring + 100}\n",
+    )
+    try:
+        peak = []
+        stop = threading.Event()
+
+        def watch():
+            with larder.Client(d.unix) as c:
+                while not stop.is_set():
+                    s = c.stats()
+                    peak.append(s.shm_bytes)
+                    assert s.shm_bytes <= s.shm_budget_bytes
+                    time.sleep(0.01)
+
+        results = {}
+
+        def slow(k):
+            with larder.Client(d.unix) as c:
+                ids = []
+                for b in c.stream("train", 10, seed=k):
+                    ids.extend(int(i) for i in b.sample_ids)
+                    time.sleep(0.01)
+                results[k] = ids
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        jobs = [threading.Thread(target=slow, args=(k,)) for k in range(5)]
+        for j in jobs:
+            j.start()
+        for j in jobs:
+            j.join()
+        stop.set()
+        watcher.join()
+        assert all(sorted(ids) == list(range(300)) for ids in results.values()) and len(results) == 5
+        assert max(peak) <= 2 * ring + 100
+        with larder.Client(d.unix) as c:
+            assert c.stats().shm_batches > 0, "the first clients got rings"
+            with pytest.raises(larder.LarderError, match="shm.budget_bytes") as e:
+                big = c.stream("train", 300, transport="shm")
+                next(big)
+            assert e.value.code.name == "RESOURCE_EXHAUSTED"
+    finally:
+        d.stop()
