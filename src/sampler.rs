@@ -41,14 +41,37 @@ pub fn epoch_order(n: u64, seed: u64, epoch: u64, shuffle: bool) -> Vec<u64> {
     order
 }
 
-/// What one stream serves.
+/// What one stream serves: one shard's batches of one epoch.
+///
+/// The sharding rule, the one place it is written (clients ask, never re-derive it): from
+/// `start_sample` on, the epoch's order is cut into global batches of `batch_size`, taken in
+/// rounds of `world_size`, one per rank: round t is every rank's loader step t, global batch
+/// `t * world_size + r` is rank r's. A rank's DataLoader workers take its steps in turn from
+/// `start_step` (worker k of K takes the steps t with (t - start_step) % K == k), as DataLoader
+/// hands out their batches, so a resumed loader goes on in the same order. So once every
+/// rank has taken T steps, the job has consumed exactly the first `T * world_size * batch_size`
+/// samples of the order, whatever the number of workers: that position (`resume_sample`) resumes
+/// the epoch on any number of ranks and workers with exactly the samples not yet seen.
+///
+/// The last round, when the rest does not fill it: with `even_batches` every rank gets a batch of
+/// the same size, ceil(rest / world_size), padded with samples from the start of the order (as
+/// `DistributedSampler(drop_last=False)` pads), so every rank takes the same number of steps; with
+/// `drop_last` as well it is dropped. Without `even_batches` the rest is cut into batches of
+/// `batch_size` for the first ranks, the last one short (dropped with `drop_last`).
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// This rank's samples for the epoch, in order.
-    pub samples: Vec<u64>,
-    pub batch_size: usize,
+    /// This shard's samples for the epoch, batch after batch.
+    samples: Vec<u64>,
+    /// Where each batch starts in `samples`, and where the last ends.
+    bounds: Vec<usize>,
+    /// The rank's loader step of each batch.
+    pub steps: Vec<u64>,
     pub num_batches: u64,
     pub start_batch: u64,
+    /// For `resume_sample`: samples in the epoch, where this plan started, samples per round.
+    num_samples: u64,
+    start_sample: u64,
+    round: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -59,65 +82,117 @@ pub struct PlanRequest {
     pub epoch: u64,
     pub rank: u32,
     pub world_size: u32,
+    /// The DataLoader worker of the rank serving this shard, of `num_workers` (0 is taken as 1).
+    pub worker: u32,
+    pub num_workers: u32,
+    /// Resume: the job has consumed this many samples of the epoch's order.
+    pub start_sample: u64,
+    /// Resume: skip the rank's loader steps before this one.
+    pub start_step: u64,
+    /// Resume: skip this many batches of this shard (after the two above).
     pub start_batch: u64,
     pub shuffle: bool,
     pub drop_last: bool,
+    pub even_batches: bool,
 }
 
 impl Plan {
-    /// Rank r of w gets positions r, r+w, r+2w, ... of the epoch's order, so the ranks together
-    /// cover every sample exactly once (shards differ in size by at most one sample).
     pub fn new(req: PlanRequest) -> Result<Plan> {
-        let world_size = req.world_size.max(1);
+        let world = req.world_size.max(1) as u64;
+        let workers = req.num_workers.max(1) as u64;
         if req.batch_size == 0 {
             bail!("batch_size must be at least 1");
         }
-        if req.rank >= world_size {
+        if req.rank as u64 >= world {
             bail!(
-                "rank {} is out of range for world_size {world_size} (ranks are 0..{world_size})",
+                "rank {} is out of range for world_size {world} (ranks are 0..{world})",
                 req.rank
             );
         }
-        let order = epoch_order(req.num_samples, req.seed, req.epoch, req.shuffle);
-        let samples: Vec<u64> = order
-            .into_iter()
-            .skip(req.rank as usize)
-            .step_by(world_size as usize)
-            .collect();
-        let batch_size = req.batch_size as usize;
-        let len = samples.len() as u64;
-        let bs = batch_size as u64;
-        let num_batches = if req.drop_last {
-            len / bs
-        } else {
-            len.div_ceil(bs)
+        if req.worker as u64 >= workers {
+            bail!(
+                "worker {} is out of range for num_workers {workers}",
+                req.worker
+            );
+        }
+        let n = req.num_samples;
+        if req.start_sample > n {
+            bail!(
+                "start_sample {} is past the end of the epoch ({n} samples)",
+                req.start_sample
+            );
+        }
+        let order = epoch_order(n, req.seed, req.epoch, req.shuffle);
+        let b = req.batch_size as u64;
+        let (rank, worker) = (req.rank as u64, req.worker as u64);
+        let round = world * b;
+        let rest = n - req.start_sample;
+        let full_rounds = rest / round;
+        let tail = rest % round;
+        let mut samples = vec![];
+        let mut bounds = vec![0];
+        let mut steps = vec![];
+        // Position p of the order, wrapping to its start for padding.
+        let at = |p: u64| order[(p % n.max(1)) as usize];
+        let mut push = |step: u64, from: u64, len: u64| {
+            if step >= req.start_step && (step - req.start_step) % workers == worker && len > 0 {
+                samples.extend((from..from + len).map(at));
+                bounds.push(samples.len());
+                steps.push(step);
+            }
         };
+        for t in 0..full_rounds {
+            push(t, req.start_sample + t * round + rank * b, b);
+        }
+        let last = req.start_sample + full_rounds * round;
+        if tail > 0 {
+            if req.even_batches {
+                let m = tail.div_ceil(world);
+                if !(req.drop_last && m < b) {
+                    push(full_rounds, last + rank * m, m);
+                }
+            } else {
+                let from = rank * b;
+                let len = tail.saturating_sub(from).min(b);
+                if !(req.drop_last && len < b) {
+                    push(full_rounds, last + from, len);
+                }
+            }
+        }
+        let num_batches = steps.len() as u64;
         if req.start_batch > num_batches {
             bail!(
-                "start_batch {} is past the end of the epoch ({num_batches} batches for this rank)",
+                "start_batch {} is past the end of the epoch ({num_batches} batches for this shard)",
                 req.start_batch
             );
         }
         Ok(Plan {
             samples,
-            batch_size,
+            bounds,
+            steps,
             num_batches,
             start_batch: req.start_batch,
+            num_samples: n,
+            start_sample: req.start_sample,
+            round,
         })
     }
 
     /// Sample indices of batch `b`.
     pub fn batch(&self, b: u64) -> &[u64] {
-        let start = b as usize * self.batch_size;
-        let end = (start + self.batch_size).min(self.samples.len());
-        &self.samples[start..end]
+        &self.samples[self.bounds[b as usize]..self.bounds[b as usize + 1]]
     }
 
     /// Samples this stream will serve, from start_batch on.
     pub fn remaining_samples(&self) -> u64 {
-        (self.start_batch..self.num_batches)
-            .map(|b| self.batch(b).len() as u64)
-            .sum()
+        (self.samples.len() - self.bounds[self.start_batch as usize]) as u64
+    }
+
+    /// Where the job stands in the epoch's order once every rank has taken the step of batch
+    /// `b`: the `start_sample` that resumes right after it.
+    pub fn resume_sample(&self, b: u64) -> u64 {
+        let step = self.steps[b as usize];
+        (self.start_sample + (step + 1) * self.round).min(self.num_samples)
     }
 }
 
@@ -133,9 +208,14 @@ mod tests {
             epoch: 0,
             rank,
             world_size: ws,
+            worker: 0,
+            num_workers: 1,
+            start_sample: 0,
+            start_step: 0,
             start_batch: 0,
             shuffle: true,
             drop_last: false,
+            even_batches: false,
         }
     }
 
@@ -185,5 +265,149 @@ mod tests {
         assert!(Plan::new(req(10, 0, 0, 1)).is_err());
         assert!(Plan::new(req(10, 4, 2, 2)).is_err());
         assert!(Plan::new(req(10, 4, 0, 0)).is_ok(), "world_size 0 means 1");
+    }
+}
+
+#[cfg(test)]
+mod sharding_tests {
+    use super::*;
+
+    fn plan(n: u64, bs: u32, rank: u32, ws: u32, worker: u32, nw: u32) -> PlanRequest {
+        PlanRequest {
+            num_samples: n,
+            batch_size: bs,
+            seed: 3,
+            epoch: 1,
+            rank,
+            world_size: ws,
+            worker,
+            num_workers: nw,
+            start_sample: 0,
+            start_step: 0,
+            start_batch: 0,
+            shuffle: true,
+            drop_last: false,
+            even_batches: true,
+        }
+    }
+
+    /// Every batch of every shard, as (rank, step, samples).
+    fn all(req: PlanRequest) -> Vec<(u32, u64, Vec<u64>)> {
+        let mut out = vec![];
+        for rank in 0..req.world_size.max(1) {
+            for worker in 0..req.num_workers.max(1) {
+                let p = Plan::new(PlanRequest {
+                    rank,
+                    worker,
+                    ..req
+                })
+                .unwrap();
+                for b in 0..p.num_batches {
+                    out.push((rank, p.steps[b as usize], p.batch(b).to_vec()));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn even_batches_give_every_rank_the_same_steps_padding_like_distributed_sampler() {
+        // 103 samples, 4 ranks, batches of 10: 2 full rounds (80), then 23 left: 4 batches of 6,
+        // one sample repeated.
+        let batches = all(plan(103, 10, 0, 4, 0, 1));
+        for r in 0..4 {
+            let sizes: Vec<usize> = batches
+                .iter()
+                .filter(|b| b.0 == r)
+                .map(|b| b.2.len())
+                .collect();
+            assert_eq!(sizes, vec![10, 10, 6], "rank {r}");
+        }
+        let mut ids: Vec<u64> = batches.iter().flat_map(|b| b.2.clone()).collect();
+        ids.sort();
+        let mut unique = ids.clone();
+        unique.dedup();
+        assert_eq!(unique, (0..103).collect::<Vec<_>>(), "every sample");
+        assert_eq!(ids.len(), 104, "one padding sample");
+        // drop_last drops the short round on every rank alike.
+        let dropped = all(PlanRequest {
+            drop_last: true,
+            ..plan(103, 10, 0, 4, 0, 1)
+        });
+        assert_eq!(dropped.len(), 8);
+        // Without even_batches the rest goes to the first ranks in whole batches.
+        let uneven = all(PlanRequest {
+            even_batches: false,
+            ..plan(103, 10, 0, 4, 0, 1)
+        });
+        let sizes: Vec<usize> = uneven
+            .iter()
+            .filter(|b| b.1 == 2)
+            .map(|b| b.2.len())
+            .collect();
+        assert_eq!(sizes, vec![10, 10, 3]);
+    }
+
+    #[test]
+    fn workers_split_a_ranks_steps_and_the_union_is_the_epoch() {
+        let one = all(plan(1000, 16, 0, 2, 0, 1));
+        let three = all(plan(1000, 16, 0, 2, 0, 3));
+        assert_eq!(
+            one, three,
+            "the same batches at the same steps, however many workers"
+        );
+        let p = Plan::new(plan(1000, 16, 1, 2, 2, 3)).unwrap();
+        assert!((0..p.num_batches).all(|b| p.steps[b as usize] % 3 == 2));
+    }
+
+    #[test]
+    fn resuming_on_other_ranks_and_workers_serves_exactly_the_rest() {
+        let n = 997;
+        // Two ranks with two workers each take 7 steps...
+        let before = all(plan(n, 12, 0, 2, 0, 2));
+        let seen: Vec<u64> = before
+            .iter()
+            .filter(|b| b.1 < 7)
+            .flat_map(|b| b.2.clone())
+            .collect();
+        let p = Plan::new(plan(n, 12, 0, 2, 0, 1)).unwrap();
+        let resume = p.resume_sample(6);
+        assert_eq!(resume, 7 * 2 * 12);
+        // ...then the job goes on with three ranks of one worker.
+        let after = all(PlanRequest {
+            start_sample: resume,
+            ..plan(n, 12, 0, 3, 0, 1)
+        });
+        let mut ids: Vec<u64> = seen
+            .iter()
+            .copied()
+            .chain(after.iter().flat_map(|b| b.2.clone()))
+            .collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids, (0..n).collect::<Vec<_>>(), "every sample, none lost");
+        let rest: usize = after.iter().map(|b| b.2.len()).sum();
+        assert!(
+            rest >= n as usize - seen.len() && rest < n as usize - seen.len() + 3,
+            "padding only"
+        );
+        // start_step skips a rank's first steps.
+        let p = Plan::new(PlanRequest {
+            start_step: 5,
+            ..plan(n, 12, 1, 2, 0, 1)
+        })
+        .unwrap();
+        assert_eq!(p.steps[0], 5);
+        assert_eq!(p.resume_sample(p.num_batches - 1), n);
+        assert!(Plan::new(PlanRequest {
+            start_sample: n + 1,
+            ..plan(n, 12, 0, 1, 0, 1)
+        })
+        .is_err());
+        assert!(
+            Plan::new(plan(n, 12, 0, 1, 1, 1)).is_err(),
+            "worker out of range"
+        );
     }
 }

@@ -93,11 +93,15 @@ class Batch(Mapping):
     samples; `images` and `labels` are the "image" and "label" fields.
     """
 
-    __slots__ = ("index", "num_batches", "sample_ids", "fields", "lengths")
+    __slots__ = ("index", "num_batches", "step", "resume_sample", "sample_ids", "fields", "lengths")
 
     def __init__(self, msg: "pb.Batch", slot: Optional[np.ndarray] = None):
         self.index: int = msg.batch_index
         self.num_batches: int = msg.num_batches
+        # The rank's step this batch is, and where the job stands in the epoch's order once
+        # every rank has taken it (start_sample resumes there, on any number of ranks).
+        self.step: int = msg.step
+        self.resume_sample: int = msg.resume_sample
         self.sample_ids: np.ndarray = np.asarray(msg.sample_ids, dtype=np.int64)
         n = len(self.sample_ids)
         self.fields: Dict[str, Union[np.ndarray, Ragged]] = {}
@@ -243,13 +247,28 @@ class Client:
         start_batch: int = 0,
         shuffle: bool = True,
         drop_last: bool = False,
+        even_batches: bool = True,
+        worker: int = 0,
+        num_workers: int = 1,
+        start_sample: int = 0,
+        start_step: int = 0,
         fields: Optional[Sequence[str]] = None,
         variable_layout: str = "padded",
         transport: str = "auto",
         prefetch: int = 2,
         pin_memory: bool = False,
     ) -> Iterator[Batch]:
-        """The batches of one epoch of rank `rank`'s shard, from `start_batch` on.
+        """The batches of one epoch of rank `rank`'s shard (of its DataLoader worker `worker` of
+        `num_workers`).
+
+        The daemon holds the sharding rule: the epoch's order, from `start_sample` on, is cut
+        into batches taken in rounds, one per rank, round t being every rank's step t; a rank's
+        workers take its steps in turn from `start_step`. `even_batches` (default) gives every
+        rank the same number of batches, padding the last round with samples from the start of
+        the order like `DistributedSampler(drop_last=False)`; with `drop_last` a short last
+        round is dropped instead. Each batch's `resume_sample` is the `start_sample` that
+        resumes the epoch once every rank has taken its step, on any number of ranks or
+        workers. `start_batch` skips batches of this stream's own shard.
 
         `fields` picks and orders the fields served (default: all). Fields whose shape varies
         by sample come padded, with lengths (`variable_layout="padded"`), or as values plus
@@ -281,6 +300,11 @@ class Client:
             start_batch=start_batch,
             sequential=not shuffle,
             drop_last=drop_last,
+            even_batches=even_batches,
+            worker=worker,
+            num_workers=num_workers,
+            start_sample=start_sample,
+            start_step=start_step,
             fields=list(fields or []),
             variable_layout=layouts[variable_layout],
             layout_version=1,

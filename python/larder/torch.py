@@ -3,6 +3,7 @@ float conversion that belongs on the GPU."""
 
 from __future__ import annotations
 
+import os
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -18,26 +19,33 @@ _MAX_WORKERS = 1024
 class _EpochClock:
     """Which epoch each iteration of a dataset is, seen alike by the training process and its
     DataLoader workers, fresh or persistent: shared memory made with the dataset, inherited by
-    forked workers and handed to spawned ones. `set(e)` makes the next iteration epoch e (and
-    `start_step` its first step); each later iteration is the next epoch. Every worker iterates
-    once per epoch, so each counts its own iterations and they agree."""
+    forked workers and handed to spawned ones. `set(e, start_sample, start_step)` makes the next
+    iteration epoch e from there; each later iteration is the next epoch, from its start. Every
+    worker iterates once per epoch, so each counts its own iterations and they agree."""
 
-    def __init__(self, epoch: int, start_step: int):
+    def __init__(self, epoch: int, start_sample: int, start_step: int):
         import multiprocessing.sharedctypes as shared
 
-        self._base = shared.RawArray("q", [epoch, start_step])
+        self._base = shared.RawArray("q", [epoch, start_sample, start_step])
         self._iterations = shared.RawArray("q", _MAX_WORKERS)
 
-    def set(self, epoch: int, start_step: int = 0) -> None:
-        self._base[0], self._base[1] = epoch, start_step
+    def set(self, epoch: int, start_sample: int = 0, start_step: int = 0) -> None:
+        self._base[0], self._base[1], self._base[2] = epoch, start_sample, start_step
         for k in range(_MAX_WORKERS):
             self._iterations[k] = 0
 
-    def next(self, worker: int) -> Tuple[int, int]:
-        """(epoch, start step) of the iteration worker `worker` starts now."""
+    def next(self, worker: int) -> Tuple[int, int, int]:
+        """(epoch, start sample, start step) of the iteration worker `worker` starts now."""
         done = self._iterations[worker]
         self._iterations[worker] = done + 1
-        return self._base[0] + done, self._base[1] if done == 0 else 0
+        if done == 0:
+            return self._base[0], self._base[1], self._base[2]
+        return self._base[0] + done, 0, 0
+
+    def resumed(self, worker: int, epoch: int) -> None:
+        """Worker `worker` starts epoch `epoch` now (restored from a checkpoint); its later
+        iterations follow it."""
+        self._iterations[worker] = max(0, epoch - self._base[0] + 1)
 
     def peek(self) -> int:
         return self._base[0] + max(self._iterations[k] for k in range(_MAX_WORKERS))
@@ -48,13 +56,13 @@ class _EpochClock:
         if context.get_spawning_popen() is not None:  # handing it to a spawned worker
             return {"base": self._base, "iterations": self._iterations}
         # Any other copy (deepcopy, pickling to disk) gets its own clock, set where this one is.
-        return {"epoch": self.peek(), "start_step": 0}
+        return {"epoch": self.peek()}
 
     def __setstate__(self, state):
         if "base" in state:
             self._base, self._iterations = state["base"], state["iterations"]
         else:
-            self.__init__(state["epoch"], state["start_step"])
+            self.__init__(state["epoch"], 0, 0)
 
 
 def to_float(
@@ -73,48 +81,29 @@ def to_float(
     return x
 
 
-def shard_batches(num_samples: int, batch_size: int, rank: int, world_size: int, drop_last: bool) -> int:
-    """Batches in shard `rank` of `world_size` (the daemon's sharding: every world_size-th sample)."""
-    n = max(0, (num_samples - rank + world_size - 1) // world_size)
-    return n // batch_size if drop_last else (n + batch_size - 1) // batch_size
-
-
-def resume_points(start_step: int, batches_per_worker: List[int]) -> Tuple[List[int], int]:
-    """Where each DataLoader worker's shard stood when the loader had yielded `start_step`
-    batches, and whose turn was next: the loader takes batches from its workers in turn,
-    skipping workers that have run out."""
-    k = len(batches_per_worker)
-    done = [0] * k
-    w = 0
-    for _ in range(start_step):
-        for _ in range(k):
-            if done[w] < batches_per_worker[w]:
-                break
-            w = (w + 1) % k
-        else:
-            break  # every worker has run out: start_step is past the end of the epoch
-        done[w] += 1
-        w = (w + 1) % k
-    return done, w
-
-
 class LarderIterableDataset(IterableDataset):
     """Batches of `dataset` from larderd as torch tensors: (images, labels) for a dataset of an
     image and a label, a tuple of the `fields` named (in that order; `X_lengths` names a
     variable field's lengths), or else a dict of every field (see `larder.Batch.torch`).
 
-    Use with `DataLoader(ds, batch_size=None, num_workers=K)`: the daemon batches. Each DDP rank
-    (given as rank/world_size, or taken from torch.distributed when it is initialized before the
-    dataset is made or `set_epoch` is called) and each
-    DataLoader worker streams its own shard, so every sample comes exactly once per epoch
-    across all of them. No sample is repeated to even out the ranks, so their batch counts can
-    differ: train a DDP epoch inside `with model.join():`.
+    Use with `DataLoader(ds, batch_size=None)`: the daemon batches. The fastest setup is
+    `num_workers=0`: the daemon does the work DataLoader workers would, the batches arrive in
+    shared memory and a background thread keeps `prefetch` of them ready, with nothing pickled
+    between processes (see the README's table). DataLoader workers work too: each DDP rank (given
+    as rank/world_size, or taken from torch.distributed or torchrun's RANK/WORLD_SIZE) and each
+    worker streams its own shard, and every sample comes exactly once per epoch across all of
+    them. `even_batches` (default) gives every rank the same number of batches, repeating a few
+    samples like `DistributedSampler`, so a DDP loop never waits on a rank that ran out.
 
     Iterating the dataset again starts the next epoch, in the training process and in
     DataLoader workers alike (persistent or not), so frameworks that never call `set_epoch`
     (Lightning, for an IterableDataset) still get a new order every epoch; `set_epoch(e)` makes
-    the next iteration epoch e. `start_step` resumes that epoch after the loader (on this rank)
-    has yielded that many batches.
+    the next iteration epoch e. `state_dict()` / `load_state_dict()` resume mid-epoch (torchdata's
+    `StatefulDataLoader` calls them): iterated in the training process, the state is the
+    position in the epoch's global order, so a job resumed on another number of ranks or workers
+    goes on with exactly the samples not yet seen; in DataLoader workers, each worker's own
+    position (resume with the same setup). `start_step` resumes the first epoch after the loader
+    (on this rank) has yielded that many batches.
     """
 
     def __init__(
@@ -130,24 +119,37 @@ class LarderIterableDataset(IterableDataset):
         start_step: int = 0,
         shuffle: bool = True,
         drop_last: bool = False,
+        even_batches: bool = True,
         reconnect_timeout: float = 60.0,
         fields: Optional[Sequence[str]] = None,
         variable_layout: str = "padded",
+        transport: str = "auto",
+        prefetch: int = 2,
+        pin_memory: bool = False,
     ):
         super().__init__()
         self.dataset = dataset
         self.batch_size = batch_size
         self.address = address
         self.seed = seed
-        self._clock = _EpochClock(epoch, start_step)
+        self._clock = _EpochClock(epoch, 0, start_step)
         self.rank = rank
         self.world_size = world_size
         self.shuffle = shuffle
         self.drop_last = drop_last
+        self.even_batches = even_batches
         self.reconnect_timeout = reconnect_timeout
         self.fields = tuple(fields) if fields is not None else None
         self.variable_layout = variable_layout
+        self.transport = transport
+        self.prefetch = prefetch
+        self.pin_memory = pin_memory
         self._ddp = self._resolve_ddp()
+        # Where this copy's iteration stands: epoch, the start_sample and start_step it began
+        # from, batches it has yielded, and the resume_sample of the last one.
+        self._position: Optional[dict] = None
+        # A state loaded in a DataLoader worker, for that worker's next iteration.
+        self._restored: Optional[dict] = None
 
     @property
     def epoch(self) -> int:
@@ -156,52 +158,84 @@ class LarderIterableDataset(IterableDataset):
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         """The next iteration serves epoch `epoch`, from step `start_step`; later ones follow."""
-        self._clock.set(epoch, start_step)
+        self._clock.set(epoch, 0, start_step)
         self._ddp = self._resolve_ddp()
 
+    def state_dict(self) -> dict:
+        """Where this copy of the dataset stands: see the class docstring."""
+        if self._position is None:
+            return {"epoch": self._clock.peek(), "sample": 0, "base_sample": 0, "base_step": 0, "batches": 0}
+        return dict(self._position)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resumes from `state_dict()`: the next iteration goes on where it stood."""
+        if get_worker_info() is not None:
+            self._restored = dict(state)  # this worker's own shard, as it stood
+        else:
+            self._clock.set(state["epoch"], state["sample"], 0)
+        self._position = dict(state)
+
     def _resolve_ddp(self) -> Tuple[int, int]:
-        # Called in the training process: DataLoader workers, where __iter__ runs, are other
-        # processes that have no process group of their own.
         if self.rank is not None or self.world_size is not None:
             return self.rank or 0, self.world_size or 1
         if dist.is_available() and dist.is_initialized():
             return dist.get_rank(), dist.get_world_size()
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun, in workers too
+            return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         return 0, 1
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        rank, world = self._ddp
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        # Worker k of K on rank r of W streams shard r*K + k of W*K.
-        shard_world = world * workers
-        epoch, start_step = self._clock.next(worker)
+        if info is None:
+            self._ddp = self._resolve_ddp()  # in the training process: as it is now
+        rank, world = self._ddp
+        restored, self._restored = self._restored, None
+        if restored is not None:
+            epoch, start_sample, start_step = restored["epoch"], restored["base_sample"], restored["base_step"]
+            start_batch = restored["batches"]
+            self._clock.resumed(worker, epoch)
+        else:
+            epoch, start_sample, start_step = self._clock.next(worker)
+            start_batch = 0
+        position = {
+            "epoch": epoch,
+            "sample": start_sample,
+            "base_sample": start_sample,
+            "base_step": start_step,
+            "batches": start_batch,
+        }
+        self._position = dict(position)
         with Client(self.address, self.reconnect_timeout) as client:
-            shard, start = worker, 0
-            if start_step:
-                n = client.dataset(self.dataset).num_samples
-                per_worker = [
-                    shard_batches(n, self.batch_size, rank * workers + k, shard_world, self.drop_last)
-                    for k in range(workers)
-                ]
-                done, turn = resume_points(start_step, per_worker)
-                # The resumed loader asks worker 0 first: let it serve the shard whose turn it
-                # is, so the epoch goes on in the same order as if it had not stopped.
-                shard = (worker + turn) % workers
-                start = done[shard]
             for batch in client.stream(
                 self.dataset,
                 self.batch_size,
                 seed=self.seed,
                 epoch=epoch,
-                rank=rank * workers + shard,
-                world_size=shard_world,
-                start_batch=start,
+                rank=rank,
+                world_size=world,
+                worker=worker,
+                num_workers=workers,
+                start_sample=start_sample,
+                start_step=start_step,
+                start_batch=start_batch,
                 shuffle=self.shuffle,
                 drop_last=self.drop_last,
+                even_batches=self.even_batches,
                 fields=self._served_fields(),
                 variable_layout=self.variable_layout,
+                transport=self.transport,
+                prefetch=self.prefetch,
+                pin_memory=self.pin_memory,
             ):
-                yield batch.torch(self.fields)
+                out = batch.torch(self.fields)
+                position["batches"] += 1
+                position["sample"] = batch.resume_sample
+                self._position = dict(position)
+                del batch
+                yield out
+        # The epoch is done: a checkpoint now resumes at the start of the next one.
+        self._position = {"epoch": epoch + 1, "sample": 0, "base_sample": 0, "base_step": 0, "batches": 0}
 
     def _served_fields(self) -> Optional[List[str]]:
         """The dataset fields the requested tensors need (X_lengths and X_offsets come with X)."""

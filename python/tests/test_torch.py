@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from conftest import REPO, Daemon, make_h5
-from larder.torch import LarderIterableDataset, resume_points, shard_batches
+from larder.torch import LarderIterableDataset
 
 
 def ids_of(loader):
@@ -84,12 +84,67 @@ def test_iterating_again_is_the_next_epoch(daemon, workers, persistent):
     assert ids_of(again_loader) == orders[0], "set_epoch reaches persistent workers too"
 
 
-def test_resume_points_follow_the_loaders_round_robin():
-    assert resume_points(5, [3, 3]) == ([3, 2], 1)
-    assert resume_points(5, [2, 4]) == ([2, 3], 0), "a worker that ran out is skipped"
-    assert resume_points(99, [1, 1]) == ([1, 1], 0)
-    assert shard_batches(300, 7, 0, 3, False) == 15 and shard_batches(301, 7, 1, 3, False) == 15
-    assert shard_batches(10, 4, 0, 1, True) == 2
+def test_even_batches_give_every_rank_the_same_steps(daemon):
+    # 300 samples, batches of 7, 2 ranks: 21 full rounds of 14, then 6 left: 3 for each rank.
+    counts, seen = [], []
+    for rank in range(2):
+        ds = LarderIterableDataset("train", 7, address=daemon.unix, seed=2, rank=rank, world_size=2)
+        batches = list(DataLoader(ds, batch_size=None, num_workers=2))
+        counts.append([len(b[1]) for b in batches])
+        seen += ids_of(batches)
+    assert counts[0] == counts[1] == [7] * 21 + [3], "the same number of batches on every rank"
+    assert sorted(seen) == list(range(300))
+    uneven = LarderIterableDataset("train", 7, address=daemon.unix, seed=2, rank=1, world_size=2,
+                                   even_batches=False)
+    assert [len(b[1]) for b in DataLoader(uneven, batch_size=None)] == [7] * 21, "the rest went to rank 0"
+
+
+def test_state_dict_resumes_on_another_number_of_ranks(daemon):
+    """Elastic: two ranks stop after 5 steps; three ranks go on with exactly the rest."""
+    seen, states = [], []
+    for rank in range(2):
+        ds = LarderIterableDataset("train", 8, address=daemon.unix, seed=9, rank=rank, world_size=2)
+        ds.set_epoch(2)
+        it = iter(DataLoader(ds, batch_size=None))
+        seen += ids_of([next(it) for _ in range(5)])
+        states.append(ds.state_dict())
+        del it
+    assert states[0] == states[1], "ranks in step agree on where the job stands"
+    assert states[0]["epoch"] == 2 and states[0]["sample"] == 5 * 2 * 8
+    for even in (False, True):
+        rest = []
+        for rank in range(3):
+            ds = LarderIterableDataset("train", 8, address=daemon.unix, seed=9, rank=rank, world_size=3,
+                                       even_batches=even)
+            ds.load_state_dict(states[0])
+            rest += ids_of(DataLoader(ds, batch_size=None))
+            assert ds.state_dict()["epoch"] == 3, "after the epoch, a checkpoint resumes the next one"
+        assert set(seen) | set(rest) == set(range(300)), "nothing lost"
+        # Even batches pad the last round with the first samples of the order (seen already).
+        assert len(seen) + len(rest) - 300 == (2 if even else 0), "nothing twice but the padding"
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_stateful_dataloader_resumes_mid_epoch_with_workers(daemon, persistent):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def loader():
+        ds = LarderIterableDataset("train", 7, address=daemon.unix, seed=6)
+        return StatefulDataLoader(ds, batch_size=None, num_workers=2, persistent_workers=persistent)
+
+    full = ids_of(loader())
+    first, it = [], iter(l := loader())
+    for _ in range(13):
+        first.append(next(it))
+    state = l.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    rest = ids_of(resumed)
+    together = ids_of(first) + rest
+    assert sorted(together) == list(range(300)), "nothing lost, nothing twice"
+    assert together == full, "in the order of the uninterrupted epoch"
+    assert ids_of(resumed) != full, "and the loader goes on to the next epoch"
 
 
 def quadrant_daemon(tmp_path, n: int) -> Daemon:
@@ -130,8 +185,9 @@ def test_example_training_script_learns(tmp_path):
 
 
 def test_example_under_torchrun_with_uneven_ranks(tmp_path):
-    # 513 samples on 2 ranks: 257 (9 batches of 32) and 256 (8 batches). Without DDP's join the
-    # rank with fewer batches leaves, and the other fails in its next gradient sync.
+    # 513 samples on 2 ranks: 16 rounds of 64, then 1 left. Were the ranks given 257 and 256
+    # samples, the one with fewer batches would leave and the other hang or fail in its next
+    # gradient sync; even batches give each 257 (one sample repeated), and the loop needs no join.
     d = quadrant_daemon(tmp_path, 513)
     try:
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -142,7 +198,7 @@ def test_example_under_torchrun_with_uneven_ranks(tmp_path):
     # The ranks' lines can interleave on the shared stdout.
     lines = re.findall(r"epoch (\d+): loss \S+ accuracy \S+ \((\d+) samples", out.stdout)
     for epoch in range(2):
-        assert sorted(int(n) for e, n in lines if e == str(epoch)) == [256, 257], out.stdout
+        assert sorted(int(n) for e, n in lines if e == str(epoch)) == [257, 257], out.stdout
 
 
 def _ddp_rank(rank, world, port, address, out_dir):

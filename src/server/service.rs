@@ -138,9 +138,14 @@ impl Service {
             epoch: req.epoch,
             rank: req.rank,
             world_size: req.world_size,
+            worker: req.worker,
+            num_workers: req.num_workers,
+            start_sample: req.start_sample,
+            start_step: req.start_step,
             start_batch: req.start_batch,
             shuffle: !req.sequential,
             drop_last: req.drop_last,
+            even_batches: req.even_batches,
         })
         .map_err(|e| Status::invalid_argument(format!("{e:#}")))?;
         Ok((ds, plan, sel))

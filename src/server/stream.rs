@@ -210,6 +210,8 @@ pub async fn assemble(
         num_batches: plan.num_batches,
         sample_ids: ids.to_vec(),
         slot: slot.as_ref().map_or(0, |s| s.index() + 1),
+        step: plan.steps[b as usize],
+        resume_sample: plan.resume_sample(b),
         ..Default::default()
     };
     match sel.legacy {

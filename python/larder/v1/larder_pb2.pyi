@@ -77,7 +77,7 @@ class ListDatasetsResponse(_message.Message):
     def __init__(self, datasets: _Optional[_Iterable[_Union[DatasetInfo, _Mapping]]] = ...) -> None: ...
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = ("dataset", "batch_size", "seed", "epoch", "rank", "world_size", "start_batch", "sequential", "drop_last", "fields", "variable_layout", "layout_version", "shm_ring", "held_slots")
+    __slots__ = ("dataset", "batch_size", "seed", "epoch", "rank", "world_size", "start_batch", "sequential", "drop_last", "fields", "variable_layout", "layout_version", "shm_ring", "held_slots", "worker", "num_workers", "start_sample", "start_step", "even_batches")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,11 @@ class StreamBatchesRequest(_message.Message):
     LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
     SHM_RING_FIELD_NUMBER: _ClassVar[int]
     HELD_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    START_SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    START_STEP_FIELD_NUMBER: _ClassVar[int]
+    EVEN_BATCHES_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     batch_size: int
     seed: int
@@ -106,7 +111,12 @@ class StreamBatchesRequest(_message.Message):
     layout_version: int
     shm_ring: bytes
     held_slots: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, dataset: _Optional[str] = ..., batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., sequential: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., fields: _Optional[_Iterable[str]] = ..., variable_layout: _Optional[_Union[VariableLayout, str]] = ..., layout_version: _Optional[int] = ..., shm_ring: _Optional[bytes] = ..., held_slots: _Optional[_Iterable[int]] = ...) -> None: ...
+    worker: int
+    num_workers: int
+    start_sample: int
+    start_step: int
+    even_batches: bool
+    def __init__(self, dataset: _Optional[str] = ..., batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., sequential: _Optional[bool] = ..., drop_last: _Optional[bool] = ..., fields: _Optional[_Iterable[str]] = ..., variable_layout: _Optional[_Union[VariableLayout, str]] = ..., layout_version: _Optional[int] = ..., shm_ring: _Optional[bytes] = ..., held_slots: _Optional[_Iterable[int]] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., start_sample: _Optional[int] = ..., start_step: _Optional[int] = ..., even_batches: _Optional[bool] = ...) -> None: ...
 
 class FieldBatch(_message.Message):
     __slots__ = ("name", "dtype", "shape", "data", "lengths", "offsets", "sample_shape", "slot_offset", "slot_bytes")
@@ -131,7 +141,7 @@ class FieldBatch(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., lengths: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., sample_shape: _Optional[_Iterable[int]] = ..., slot_offset: _Optional[int] = ..., slot_bytes: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("batch_index", "num_batches", "shape", "data", "labels", "sample_ids", "fields", "slot")
+    __slots__ = ("batch_index", "num_batches", "shape", "data", "labels", "sample_ids", "fields", "slot", "step", "resume_sample")
     BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_BATCHES_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +150,8 @@ class Batch(_message.Message):
     SAMPLE_IDS_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     SLOT_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RESUME_SAMPLE_FIELD_NUMBER: _ClassVar[int]
     batch_index: int
     num_batches: int
     shape: _containers.RepeatedScalarFieldContainer[int]
@@ -148,7 +160,9 @@ class Batch(_message.Message):
     sample_ids: _containers.RepeatedScalarFieldContainer[int]
     fields: _containers.RepeatedCompositeFieldContainer[FieldBatch]
     slot: int
-    def __init__(self, batch_index: _Optional[int] = ..., num_batches: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., sample_ids: _Optional[_Iterable[int]] = ..., fields: _Optional[_Iterable[_Union[FieldBatch, _Mapping]]] = ..., slot: _Optional[int] = ...) -> None: ...
+    step: int
+    resume_sample: int
+    def __init__(self, batch_index: _Optional[int] = ..., num_batches: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., sample_ids: _Optional[_Iterable[int]] = ..., fields: _Optional[_Iterable[_Union[FieldBatch, _Mapping]]] = ..., slot: _Optional[int] = ..., step: _Optional[int] = ..., resume_sample: _Optional[int] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()
