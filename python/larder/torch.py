@@ -12,6 +12,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from larder.client import Client
 
+# Connections a forked worker inherited from its parent, kept from being closed in the child.
+_INHERITED: List[Client] = []
+
 # DataLoader workers a dataset may have (one epoch counter each, in shared memory).
 _MAX_WORKERS = 1024
 
@@ -150,6 +153,24 @@ class LarderIterableDataset(IterableDataset):
         self._position: Optional[dict] = None
         # A state loaded in a DataLoader worker, for that worker's next iteration.
         self._restored: Optional[dict] = None
+        # The connection of the process iterating this copy, kept across epochs (with its
+        # shared-memory ring), and that process's pid: a forked worker makes its own.
+        self._client: Optional[Client] = None
+        self._client_pid: Optional[int] = None
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_client"] = state["_client_pid"] = None  # connections stay in their process
+        return state
+
+    def _connection(self) -> Client:
+        if self._client is None or self._client_pid != os.getpid():
+            if self._client is not None:
+                # Inherited through fork: never used or closed here (gRPC is not fork-safe).
+                _INHERITED.append(self._client)
+            self._client = Client(self.address, self.reconnect_timeout)
+            self._client_pid = os.getpid()
+        return self._client
 
     @property
     def epoch(self) -> int:
@@ -206,34 +227,34 @@ class LarderIterableDataset(IterableDataset):
             "batches": start_batch,
         }
         self._position = dict(position)
-        with Client(self.address, self.reconnect_timeout) as client:
-            for batch in client.stream(
-                self.dataset,
-                self.batch_size,
-                seed=self.seed,
-                epoch=epoch,
-                rank=rank,
-                world_size=world,
-                worker=worker,
-                num_workers=workers,
-                start_sample=start_sample,
-                start_step=start_step,
-                start_batch=start_batch,
-                shuffle=self.shuffle,
-                drop_last=self.drop_last,
-                even_batches=self.even_batches,
-                fields=self._served_fields(),
-                variable_layout=self.variable_layout,
-                transport=self.transport,
-                prefetch=self.prefetch,
-                pin_memory=self.pin_memory,
-            ):
-                out = batch.torch(self.fields)
-                position["batches"] += 1
-                position["sample"] = batch.resume_sample
-                self._position = dict(position)
-                del batch
-                yield out
+        client = self._connection()
+        for batch in client.stream(
+            self.dataset,
+            self.batch_size,
+            seed=self.seed,
+            epoch=epoch,
+            rank=rank,
+            world_size=world,
+            worker=worker,
+            num_workers=workers,
+            start_sample=start_sample,
+            start_step=start_step,
+            start_batch=start_batch,
+            shuffle=self.shuffle,
+            drop_last=self.drop_last,
+            even_batches=self.even_batches,
+            fields=self._served_fields(),
+            variable_layout=self.variable_layout,
+            transport=self.transport,
+            prefetch=self.prefetch,
+            pin_memory=self.pin_memory,
+        ):
+            out = batch.torch(self.fields)
+            position["batches"] += 1
+            position["sample"] = batch.resume_sample
+            self._position = dict(position)
+            del batch
+            yield out
         # The epoch is done: a checkpoint now resumes at the start of the next one.
         self._position = {"epoch": epoch + 1, "sample": 0, "base_sample": 0, "base_step": 0, "batches": 0}
 
