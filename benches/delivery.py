@@ -9,8 +9,8 @@ For each sample shape it writes one HDF5 file (uint8 images [N, ...] and int64 l
     per worker, dataset handle kept, labels in memory), DataLoader(batch_size=128,
     shuffle=True, num_workers=2, persistent_workers=True);
   - larder bytes: Client.stream(transport="bytes"), batches in the gRPC messages (the path of
-    TCP and remote clients), one process; once without the read-ahead thread (prefetch=0, the
-    client as it was before shared memory) and once with it;
+    TCP and remote clients), one process; once as the client was before shared memory (the
+    generated stub, protobuf parsing whole messages, no read-ahead) and once as it is;
   - larder shm: Client.stream(transport="shm"), batches in shared memory, one process;
   - larder torch (the recommended setup): DataLoader(LarderIterableDataset(...),
     batch_size=None, num_workers=0), shared memory and a prefetch thread;
@@ -41,8 +41,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+import grpc
+
 import larder
 from larder.torch import LarderIterableDataset
+from larder.v1 import larder_pb2 as pb
+from larder.v1.larder_pb2_grpc import LarderStub
 
 BATCH = 128
 
@@ -254,7 +258,18 @@ def main():
                     return counted(lambda e: (b.torch() for b in c.stream(
                         "d", BATCH, seed=1, epoch=e, transport=transport, prefetch=prefetch)))
 
-                by_bytes_inline = timed_epochs(args.epochs, stream_epoch("bytes", prefetch=0))
+                # The bytes path as the client had it before shared memory: the generated stub,
+                # protobuf parsing the whole message, no read-ahead, default HTTP/2 settings.
+                old = grpc.insecure_channel(addr, options=[
+                    ("grpc.max_receive_message_length", -1), ("grpc.default_authority", "localhost")])
+                stub = LarderStub(old)
+
+                def before(e):
+                    req = pb.StreamBatchesRequest(dataset="d", batch_size=BATCH, seed=1, epoch=e, layout_version=1)
+                    return (larder.Batch(m).torch() for m in stub.StreamBatches(req))
+
+                by_bytes_before = timed_epochs(args.epochs, counted(before))
+                old.close()
                 by_bytes = timed_epochs(args.epochs, stream_epoch("bytes"))
                 by_shm = timed_epochs(args.epochs, stream_epoch("shm"))
                 stats = c.stats()
@@ -278,9 +293,9 @@ def main():
         for _ in range(4):
             np.copyto(dst, src)
         memcpy = 4 * src.nbytes / (time.perf_counter() - t) / size
-        rows.append((spec, size, [baseline, by_bytes_inline, by_bytes, by_shm, recommended, workers, memcpy]))
+        rows.append((spec, size, [baseline, by_bytes_before, by_bytes, by_shm, recommended, workers, memcpy]))
         path.unlink()
-    names = ["baseline h5py DataLoader x2", "larder bytes, no read-ahead (as before)", "larder bytes",
+    names = ["baseline h5py DataLoader x2", "larder bytes, the client before", "larder bytes",
              "larder shm", "larder torch (recommended)",
              "larder torch x2 workers", "memcpy 1 thread"]
     print("\nsamples/s, GB/s, and the ratio to the baseline of the same run (median of "

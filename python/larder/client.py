@@ -61,12 +61,88 @@ class Ragged:
         return self.values[self.offsets[i] : self.offsets[i + 1]].reshape(tuple(self.shapes[i]))
 
 
-def _field(f: "pb.FieldBatch", n: int, slot: Optional[np.ndarray]):
-    """(array or Ragged, lengths or None) of one FieldBatch; arrays share the message's bytes,
-    or the shared-memory slot's when the batch came in one."""
+def _varint(buf: bytes, i: int):
+    """The varint at buf[i:], and where it ends."""
+    result = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, i
+        shift += 7
+
+
+def _encode_varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _strip(raw: bytes, start: int, end: int, field: int, nested: Optional[int], spans: list) -> bytes:
+    """The protobuf message raw[start:end] without its length-delimited field `field` (whose
+    spans in raw are appended to `spans`); with `nested`, that field of each submessage
+    `nested` is stripped instead, and `spans` gets one entry per submessage: the span of its
+    field, or None where it has none."""
+    out = bytearray()
+    i = start
+    while i < end:
+        key, j = _varint(raw, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            _, k = _varint(raw, j)
+        elif wire == 1:
+            k = j + 8
+        elif wire == 5:
+            k = j + 4
+        elif wire == 2:
+            length, j2 = _varint(raw, j)
+            k = j2 + length
+            if nested is None and number == field:
+                spans.append((j2, k))
+                i = k
+                continue
+            if nested is not None and number == nested:
+                inner: list = []
+                sub = _strip(raw, j2, k, field, None, inner)
+                spans.append(inner[-1] if inner else None)
+                out += raw[i:j] + _encode_varint(len(sub)) + sub
+                i = k
+                continue
+        else:
+            raise ValueError(f"unexpected protobuf wire type {wire}")
+        out += raw[i:k]
+        i = k
+    return bytes(out)
+
+
+class _RawBatch:
+    """A Batch message as received: its bytes, the message parsed without the fields' data (so
+    protobuf copies none of it), and where each field's data lies in the bytes."""
+
+    __slots__ = ("raw", "msg", "spans")
+
+    def __init__(self, raw: bytes):
+        self.raw = raw
+        spans: list = []
+        # Batch.fields is field 7; FieldBatch.data is field 4.
+        self.msg = pb.Batch.FromString(_strip(raw, 0, len(raw), 4, 7, spans))
+        self.spans = spans
+
+
+def _field(f: "pb.FieldBatch", n: int, slot: Optional[np.ndarray], data=None):
+    """(array or Ragged, lengths or None) of one FieldBatch; arrays share the message's bytes
+    (`data`: (bytes, start, end) when parsed apart), or the shared-memory slot's when the batch
+    came in one."""
     dtype = np.dtype(f.dtype)
     if slot is not None:
         values = slot[f.slot_offset : f.slot_offset + f.slot_bytes].view(dtype)
+    elif data is not None:
+        raw, start, end = data
+        values = np.frombuffer(raw, dtype=dtype, count=(end - start) // dtype.itemsize, offset=start)
     else:
         values = np.frombuffer(f.data, dtype=dtype)
     template = list(f.sample_shape)
@@ -95,7 +171,10 @@ class Batch(Mapping):
 
     __slots__ = ("index", "num_batches", "step", "resume_sample", "sample_ids", "fields", "lengths")
 
-    def __init__(self, msg: "pb.Batch", slot: Optional[np.ndarray] = None):
+    def __init__(self, msg: "Union[pb.Batch, _RawBatch]", slot: Optional[np.ndarray] = None):
+        raw = None
+        if isinstance(msg, _RawBatch):
+            raw, spans, msg = msg.raw, iter(msg.spans), msg.msg
         self.index: int = msg.batch_index
         self.num_batches: int = msg.num_batches
         # The rank's step this batch is, and where the job stands in the epoch's order once
@@ -107,7 +186,11 @@ class Batch(Mapping):
         self.fields: Dict[str, Union[np.ndarray, Ragged]] = {}
         self.lengths: Dict[str, np.ndarray] = {}
         for f in msg.fields:
-            self.fields[f.name], lengths = _field(f, n, slot)
+            data = None
+            if raw is not None:
+                span = next(spans)  # None: the data was empty (protobuf leaves it out)
+                data = (raw, *span) if span is not None else (raw, 0, 0)
+            self.fields[f.name], lengths = _field(f, n, slot, data)
             if lengths is not None:
                 self.lengths[f.name] = lengths
 
@@ -187,12 +270,22 @@ class Client:
         options = [
             ("grpc.max_receive_message_length", -1),
             ("grpc.max_send_message_length", -1),
+            # Batches are megabytes: larger HTTP/2 frames and read-ahead cost less per byte.
+            ("grpc.http2.max_frame_size", 16777215),
+            ("grpc.http2.lookahead_bytes", 64 << 20),
         ]
         if self.address.startswith("unix:"):
             # grpc would send the socket path as :authority, which HTTP/2 servers reject.
             options.append(("grpc.default_authority", "localhost"))
         self._channel = grpc.insecure_channel(self.address, options=options)
         self._stub = pb_grpc.LarderStub(self._channel)
+        # StreamBatches with the messages left as bytes: Batch() parses them without copying
+        # the fields' data.
+        self._stream_batches = self._channel.unary_stream(
+            "/larder.v1.Larder/StreamBatches",
+            request_serializer=pb.StreamBatchesRequest.SerializeToString,
+            response_deserializer=_RawBatch,
+        )
         # Shared-memory rings no stream uses now, kept for the next stream.
         self._idle_rings: List[Ring] = []
         self._rings_lock = threading.Lock()
@@ -401,12 +494,13 @@ class Client:
                     del request.held_slots[:]
                     if ring is not None:
                         request.held_slots.extend(ring.held)
-                    call = self._stub.StreamBatches(request)
+                    call = self._stream_batches(request)
                     state.call = call
                     if state.stopped:
                         return
                     try:
-                        for msg in call:
+                        for raw in call:
+                            msg = raw.msg
                             if msg.batch_index != next_batch:
                                 raise LarderError(
                                     f"expected batch {next_batch} from the daemon, got {msg.batch_index}"
@@ -420,7 +514,7 @@ class Client:
                             if ring is not None:
                                 ring.waiting_for(next_batch)
                             retry_until, delay = None, 0.05
-                            yield Batch(msg, slot)
+                            yield Batch(raw, slot)
                             del slot
                         return
                     finally:

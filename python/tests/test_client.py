@@ -107,3 +107,20 @@ def test_warm_reports_progress(daemon):
         assert progress[-1].written + progress[-1].present == 300
         with pytest.raises(larder.LarderError, match="unknown dataset"):
             list(c.warm("nope"))
+
+
+def test_batches_parsed_without_copying_their_data_match_protobuf():
+    from larder.client import Batch, _RawBatch
+    from larder.v1 import larder_pb2 as pb
+
+    msg = pb.Batch(batch_index=3, num_batches=9, sample_ids=[5, 300, 70000])
+    msg.fields.add(name="image", dtype="uint8", shape=[3, 2], sample_shape=[2], data=bytes(range(6)))
+    msg.fields.add(name="empty", dtype="int16", shape=[3, 0], sample_shape=[-1], lengths=[0, 0, 0])
+    msg.fields.add(name="label", dtype="int64", shape=[3], data=np.arange(3, dtype=np.int64).tobytes())
+    raw = msg.SerializeToString()
+    fast, plain = Batch(_RawBatch(raw)), Batch(pb.Batch.FromString(raw))
+    assert (fast.index, fast.num_batches, list(fast.sample_ids)) == (3, 9, [5, 300, 70000])
+    for name in ("image", "empty", "label"):
+        np.testing.assert_array_equal(fast[name], plain[name])
+        assert fast[name].dtype == plain[name].dtype and fast[name].shape == plain[name].shape
+    assert fast["image"].base is not None and not fast["image"].flags.owndata, "a view of the message"
