@@ -79,6 +79,17 @@ def timed_epochs(epochs, run_epoch):
     return float(np.median(rates))
 
 
+def write_images(path, n, shape):
+    """An HDF5 file of n random uint8 images of `shape` and int64 labels; returns its path."""
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("images", (n,) + shape, dtype=np.uint8)
+        for s in range(0, n, 1000):
+            d[s : s + 1000] = rng.integers(0, 256, (min(1000, n - s),) + shape, dtype=np.uint8)
+        f["labels"] = np.arange(n, dtype=np.int64) % 1000
+    return path
+
+
 def counted(batches_of):
     """An epoch function: iterates `batches_of(epoch)` (pairs of images, labels), touching each
     batch as a training step would, and returns the samples seen."""
@@ -148,13 +159,7 @@ def out_of_memory(args, tmp):
     shape = (3, 64, 64)
     size = int(np.prod(shape))
     n = int(args.oom_mb * 1e6 / size)
-    path = tmp / "oom.h5"
-    rng = np.random.default_rng(0)
-    with h5py.File(path, "w") as f:
-        d = f.create_dataset("images", (n,) + shape, dtype=np.uint8)
-        for s in range(0, n, 4000):
-            d[s : s + 4000] = rng.integers(0, 256, (min(4000, n - s),) + shape, dtype=np.uint8)
-        f["labels"] = np.arange(n, dtype=np.int64) % 1000
+    path = write_images(tmp / "oom.h5", n, shape)
     half = int(args.oom_mb * 1e6 / 2)
     limit = half + (1 << 30)  # half the dataset, and 1 GB for Python, torch and the workers
     env = {**os.environ, "PYTHONPATH": "python"}
@@ -223,13 +228,7 @@ def main():
         shape = tuple(int(d) for d in spec.split("x"))
         size = int(np.prod(shape))
         n = int(args.mb * 1e6 / size)
-        path = tmp / f"{spec}.h5"
-        rng = np.random.default_rng(0)
-        with h5py.File(path, "w") as f:
-            d = f.create_dataset("images", (n,) + shape, dtype=np.uint8)
-            for s in range(0, n, 1000):
-                d[s : s + 1000] = rng.integers(0, 256, (min(1000, n - s),) + shape, dtype=np.uint8)
-            f["labels"] = np.arange(n, dtype=np.int64) % 1000
+        path = write_images(tmp / f"{spec}.h5", n, shape)
         config = tmp / f"{spec}.toml"
         sock = tmp / f"{spec}.sock"
         config.write_text(

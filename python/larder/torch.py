@@ -84,6 +84,13 @@ def to_float(
     return x
 
 
+def _position(epoch: int, sample: int = 0, step: int = 0, batches: int = 0) -> dict:
+    """A dataset's state: an iteration of `epoch` that began at `sample` of the epoch's global
+    order and step `step`, has yielded `batches` batches, and stands at `sample` (the last
+    batch's resume_sample once it has yielded one)."""
+    return {"epoch": epoch, "sample": sample, "base_sample": sample, "base_step": step, "batches": batches}
+
+
 class LarderIterableDataset(IterableDataset):
     """Batches of `dataset` from larderd as torch tensors: (images, labels) for a dataset of an
     image and a label, a tuple of the `fields` named (in that order; `X_lengths` names a
@@ -185,7 +192,7 @@ class LarderIterableDataset(IterableDataset):
     def state_dict(self) -> dict:
         """Where this copy of the dataset stands: see the class docstring."""
         if self._position is None:
-            return {"epoch": self._clock.peek(), "sample": 0, "base_sample": 0, "base_step": 0, "batches": 0}
+            return _position(self._clock.peek())
         return dict(self._position)
 
     def load_state_dict(self, state: dict) -> None:
@@ -219,14 +226,7 @@ class LarderIterableDataset(IterableDataset):
         else:
             epoch, start_sample, start_step = self._clock.next(worker)
             start_batch = 0
-        position = {
-            "epoch": epoch,
-            "sample": start_sample,
-            "base_sample": start_sample,
-            "base_step": start_step,
-            "batches": start_batch,
-        }
-        self._position = dict(position)
+        position = self._position = _position(epoch, start_sample, start_step, start_batch)
         client = self._connection()
         for batch in client.stream(
             self.dataset,
@@ -252,11 +252,10 @@ class LarderIterableDataset(IterableDataset):
             out = batch.torch(self.fields)
             position["batches"] += 1
             position["sample"] = batch.resume_sample
-            self._position = dict(position)
             del batch
             yield out
         # The epoch is done: a checkpoint now resumes at the start of the next one.
-        self._position = {"epoch": epoch + 1, "sample": 0, "base_sample": 0, "base_step": 0, "batches": 0}
+        self._position = _position(epoch + 1)
 
     def _served_fields(self) -> Optional[List[str]]:
         """The dataset fields the requested tensors need (X_lengths and X_offsets come with X)."""

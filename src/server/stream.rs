@@ -198,9 +198,7 @@ pub async fn assemble(
                     "batch {b} of {:?} takes over {MAX_BATCH_BYTES} bytes, more than one message may carry: ask for a smaller batch_size",
                     ds.name
                 );
-                let mut data = vec![0u8; layout.bytes];
-                layout.write(&v, &mut data);
-                batch.data = Bytes::from(data);
+                batch.data = layout.to_bytes(&v);
             }
         }
         out.push(batch);
@@ -308,7 +306,7 @@ impl FieldLayout {
         }
     }
 
-    /// Writes the values into `dst` (exactly `self.bytes` long, any previous content).
+    /// Writes the values into `dst` (exactly `self.bytes` long, any previous content: a slot).
     fn write(&self, values: &[(&[u32], &[u8])], dst: &mut [u8]) {
         match &self.padded_to {
             None => {
@@ -320,15 +318,39 @@ impl FieldLayout {
             }
             Some(max) => {
                 dst.fill(0);
-                let per = if values.is_empty() {
-                    0
-                } else {
-                    self.bytes / values.len()
-                };
-                for (k, (dims, v)) in values.iter().enumerate() {
-                    copy_padded(v, dims, &mut dst[k * per..(k + 1) * per], max, self.item);
-                }
+                self.pad_into(values, max, dst);
             }
+        }
+    }
+
+    /// The values as a new buffer for the message (written once: no zeroing but the padding's).
+    fn to_bytes(&self, values: &[(&[u32], &[u8])]) -> Bytes {
+        let data = match &self.padded_to {
+            None => {
+                let mut data = Vec::with_capacity(self.bytes);
+                for (_, v) in values {
+                    data.extend_from_slice(v);
+                }
+                data
+            }
+            Some(max) => {
+                let mut data = vec![0u8; self.bytes];
+                self.pad_into(values, max, &mut data);
+                data
+            }
+        };
+        Bytes::from(data)
+    }
+
+    /// Copies each value to the start of its zeroed `max`-sized place in `dst`.
+    fn pad_into(&self, values: &[(&[u32], &[u8])], max: &[u32], dst: &mut [u8]) {
+        let per = if values.is_empty() {
+            0
+        } else {
+            self.bytes / values.len()
+        };
+        for (k, (dims, v)) in values.iter().enumerate() {
+            copy_padded(v, dims, &mut dst[k * per..(k + 1) * per], max, self.item);
         }
     }
 }
@@ -338,15 +360,12 @@ impl FieldLayout {
 fn pack<'a>(
     spec: &FieldSpec,
     values: impl Iterator<Item = (&'a [u32], &'a [u8])>,
-    _n: usize,
     layout: VariableLayout,
 ) -> FieldBatch {
     let values: Vec<_> = values.collect();
     let l = FieldLayout::new(spec, &values, layout);
-    let mut data = vec![0u8; l.bytes];
-    l.write(&values, &mut data);
     FieldBatch {
-        data: Bytes::from(data),
+        data: l.to_bytes(&values),
         ..l.batch
     }
 }
@@ -538,14 +557,14 @@ mod tests {
             .map(|&k| (vec![k, 4], (0..k * 8).map(|b| b as u8 + 1).collect()))
             .collect();
         let it = vals.iter().map(|(d, v)| (&d[..], &v[..]));
-        let padded = pack(&spec, it.clone(), 3, VariableLayout::Padded);
+        let padded = pack(&spec, it.clone(), VariableLayout::Padded);
         assert_eq!(padded.shape, vec![3, 2, 4]);
         assert_eq!(padded.lengths, vec![1, 0, 2]);
         assert_eq!(padded.data.len(), 3 * 2 * 4 * 2);
         assert_eq!(&padded.data[..8], &vals[0].1[..]);
         assert!(padded.data[8..32].iter().all(|&b| b == 0), "padding");
         assert_eq!(&padded.data[32..], &vals[2].1[..]);
-        let offsets = pack(&spec, it, 3, VariableLayout::Offsets);
+        let offsets = pack(&spec, it, VariableLayout::Offsets);
         assert_eq!(offsets.offsets, vec![0, 4, 4, 12]);
         assert_eq!(offsets.shape, vec![12]);
         assert_eq!(offsets.lengths, vec![1, 0, 2]);
@@ -561,7 +580,6 @@ mod tests {
         let p = pack(
             &spec,
             vals.iter().map(|(d, v)| (&d[..], &v[..])),
-            2,
             VariableLayout::Padded,
         );
         assert_eq!(p.shape, vec![2, 1, 3, 3]);
@@ -570,6 +588,12 @@ mod tests {
             &p.data[..],
             &[1, 2, 3, 4, 5, 6, 0, 0, 0, 7, 0, 0, 8, 0, 0, 9, 0, 0]
         );
+        // Into a slot that held an earlier batch: the same bytes, padding zeroed.
+        let values: Vec<_> = vals.iter().map(|(d, v)| (&d[..], &v[..])).collect();
+        let layout = FieldLayout::new(&spec, &values, VariableLayout::Padded);
+        let mut slot = vec![0xAA; layout.bytes];
+        layout.write(&values, &mut slot);
+        assert_eq!(&slot[..], &p.data[..]);
     }
 
     #[test]
