@@ -263,10 +263,7 @@ impl Larder for Service {
             .extensions()
             .get::<tonic::transport::server::UdsConnectInfo>()
             .and_then(|i| i.peer_cred)
-            .map(|c| Peer {
-                pid: c.pid(),
-                uid: c.uid(),
-            });
+            .map(Peer::from);
         let req = request.into_inner();
         let (ds, plan, sel) = self.plan(&req)?;
         let ring = self.ring(&req, &sel, peer)?;

@@ -60,13 +60,12 @@ pub struct Peer {
     pub uid: u32,
 }
 
-impl Peer {
-    pub fn of(stream: &UnixStream) -> io::Result<Peer> {
-        let cred = stream.peer_cred()?;
-        Ok(Peer {
+impl From<tokio::net::unix::UCred> for Peer {
+    fn from(cred: tokio::net::unix::UCred) -> Peer {
+        Peer {
             pid: cred.pid(),
             uid: cred.uid(),
-        })
+        }
     }
 }
 
@@ -206,8 +205,8 @@ impl Rings {
     /// Serves one ring connection: makes the ring asked for, hands it over, and keeps it until
     /// the client closes the connection (or dies) or the daemon stops.
     pub async fn serve(self: Arc<Self>, mut stream: UnixStream, mut stop: watch::Receiver<bool>) {
-        let peer = match Peer::of(&stream) {
-            Ok(p) => p,
+        let peer = match stream.peer_cred() {
+            Ok(cred) => Peer::from(cred),
             Err(e) => {
                 tracing::warn!("ring connection without peer credentials: {e}");
                 return;
