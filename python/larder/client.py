@@ -328,6 +328,12 @@ class Client:
         except grpc.RpcError as e:
             raise LarderError(e.details(), e.code()) from None
 
+    def plan(self, dataset: str, batch_size: int, **shard) -> "pb.StreamPlan":
+        """What `stream(dataset, batch_size, **shard)` would serve, without serving it:
+        `num_batches`, `num_samples`, and `slot_bytes` (the shared memory a batch takes; 0
+        when a field varies in size). Takes `stream`'s arguments that pick the shard."""
+        return self._call(self._stub.PlanStream, _request(dataset, batch_size, **shard))
+
     def stream(
         self,
         dataset: str,
@@ -378,29 +384,14 @@ class Client:
         reconnects and asks for the rest, starting at the next batch it has not yielded: every
         sample still comes exactly once.
         """
-        layouts = {"padded": pb.PADDED, "offsets": pb.OFFSETS}
-        if variable_layout not in layouts:
-            raise ValueError(f"variable_layout must be 'padded' or 'offsets', not {variable_layout!r}")
         if transport not in ("auto", "shm", "bytes"):
             raise ValueError(f"transport must be 'auto', 'shm' or 'bytes', not {transport!r}")
-        request = pb.StreamBatchesRequest(
-            dataset=dataset,
-            batch_size=batch_size,
-            seed=seed,
-            epoch=epoch,
-            rank=rank,
-            world_size=world_size,
-            start_batch=start_batch,
-            sequential=not shuffle,
-            drop_last=drop_last,
-            even_batches=even_batches,
-            worker=worker,
-            num_workers=num_workers,
-            start_sample=start_sample,
-            start_step=start_step,
-            fields=list(fields or []),
-            variable_layout=layouts[variable_layout],
-            layout_version=1,
+        request = _request(
+            dataset, batch_size, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
+            start_batch=start_batch, shuffle=shuffle, drop_last=drop_last,
+            even_batches=even_batches, worker=worker, num_workers=num_workers,
+            start_sample=start_sample, start_step=start_step, fields=fields,
+            variable_layout=variable_layout,
         )
         state = _StreamState(max(prefetch, 0))
         batches = self._batches(request, transport, pin_memory, state)
@@ -412,26 +403,6 @@ class Client:
             return
         yield from _in_background(batches, prefetch, state)
 
-    def _slot_bytes(self, request: "pb.StreamBatchesRequest") -> Optional[int]:
-        """Bytes a batch of this request takes in a slot, or None when a field varies in size."""
-        # Straight to the stub: an unreachable daemon is retried like a broken stream.
-        infos = self._stub.ListDatasets(pb.ListDatasetsRequest()).datasets
-        info = next((d for d in infos if d.name == request.dataset), None)
-        if info is None:
-            return 0  # the daemon says what is wrong
-        by_name = {f.name: f for f in info.fields}
-        names = list(request.fields) or [f.name for f in info.fields]
-        total = 0
-        for name in names:
-            f = by_name.get(name)
-            if f is None:
-                return 0  # the daemon says what is wrong
-            if any(d < 0 for d in f.shape):
-                return None
-            n = request.batch_size * np.dtype(f.dtype).itemsize * int(np.prod(f.shape, dtype=np.int64))
-            total += (n + 63) // 64 * 64
-        return max(total, 1)
-
     def _ring(self, request: "pb.StreamBatchesRequest", transport: str, pin_memory: bool, prefetch: int):
         """A ring for this stream (an idle one of this client's if it fits), or None for bytes."""
         path = _unix_path(self.address)
@@ -439,8 +410,15 @@ class Client:
             if transport == "shm":
                 raise LarderError("transport='shm' needs the daemon's Unix socket (address unix:/path)")
             return None
-        slot_bytes = self._slot_bytes(request)
-        if slot_bytes is None:
+        # Straight to the stub: an unreachable daemon is retried like a broken stream, and a bad
+        # request is reported by StreamBatches itself.
+        try:
+            slot_bytes = self._stub.PlanStream(request).slot_bytes
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                raise
+            return None
+        if slot_bytes == 0:
             if transport == "shm":
                 raise LarderError(
                     "transport='shm' needs fields of fixed size; this request has a variable one"
@@ -545,6 +523,50 @@ class Client:
         finally:
             if ring is not None:
                 self._give_back(ring)
+
+
+def _request(
+    dataset: str,
+    batch_size: int,
+    *,
+    seed: int = 0,
+    epoch: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    start_batch: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    even_batches: bool = True,
+    worker: int = 0,
+    num_workers: int = 1,
+    start_sample: int = 0,
+    start_step: int = 0,
+    fields: Optional[Sequence[str]] = None,
+    variable_layout: str = "padded",
+) -> "pb.StreamBatchesRequest":
+    """The StreamBatches request for `Client.stream`'s arguments."""
+    layouts = {"padded": pb.PADDED, "offsets": pb.OFFSETS}
+    if variable_layout not in layouts:
+        raise ValueError(f"variable_layout must be 'padded' or 'offsets', not {variable_layout!r}")
+    return pb.StreamBatchesRequest(
+        dataset=dataset,
+        batch_size=batch_size,
+        seed=seed,
+        epoch=epoch,
+        rank=rank,
+        world_size=world_size,
+        start_batch=start_batch,
+        sequential=not shuffle,
+        drop_last=drop_last,
+        even_batches=even_batches,
+        worker=worker,
+        num_workers=num_workers,
+        start_sample=start_sample,
+        start_step=start_step,
+        fields=list(fields or []),
+        variable_layout=layouts[variable_layout],
+        layout_version=1,
+    )
 
 
 def _unix_path(address: str) -> Optional[str]:

@@ -4,6 +4,7 @@ float conversion that belongs on the GPU."""
 from __future__ import annotations
 
 import os
+import sys
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -84,6 +85,32 @@ def to_float(
     return x
 
 
+def _accelerate_role(ds) -> Optional[Tuple[int, int]]:
+    """Finds Accelerate around `ds` on the call stack, which a forked DataLoader worker shares
+    with the training process up to the fork. Under its DataLoaderDispatcher: (process index,
+    processes). Under its IterableDatasetShard (dispatch_batches=False), which would take a
+    part of each rank's part: an error that says what to do instead."""
+    if "accelerate" not in sys.modules:
+        return None
+    frame = sys._getframe(1)
+    while frame is not None:
+        obj = frame.f_locals.get("self")
+        kind = type(obj)
+        if kind.__module__.startswith("accelerate.") and getattr(obj, "dataset", None) is ds:
+            if kind.__name__ == "DataLoaderDispatcher":
+                return obj.state.process_index, obj.state.num_processes
+            if kind.__name__ == "IterableDatasetShard":
+                raise RuntimeError(
+                    "Accelerate's dispatch_batches=False shards LarderIterableDataset's batches "
+                    "again, which would lose data: keep the default "
+                    "(DataLoaderConfiguration(dispatch_batches=None)), or, faster, leave the "
+                    "DataLoader out of accelerator.prepare() (each process streams its own "
+                    "shard; see the README)"
+                )
+        frame = frame.f_back
+    return None
+
+
 def _position(epoch: int, sample: int = 0, step: int = 0, batches: int = 0) -> dict:
     """A dataset's state: an iteration of `epoch` that began at `sample` of the epoch's global
     order and step `step`, has yielded `batches` batches, and stands at `sample` (the last
@@ -154,7 +181,10 @@ class LarderIterableDataset(IterableDataset):
         self.transport = transport
         self.prefetch = prefetch
         self.pin_memory = pin_memory
-        self._ddp = self._resolve_ddp()
+        # What the training process saw when it handed this copy to a spawned DataLoader
+        # worker, for the worker to use: "ddp", its (rank, world size), and "accelerate", its
+        # place under Accelerate's dispatcher (see _accelerate_role). None: not handed over.
+        self._handed: Optional[dict] = None
         # Where this copy's iteration stands: epoch, the start_sample and start_step it began
         # from, batches it has yielded, and the resume_sample of the last one.
         self._position: Optional[dict] = None
@@ -164,10 +194,15 @@ class LarderIterableDataset(IterableDataset):
         # shared-memory ring), and that process's pid: a forked worker makes its own.
         self._client: Optional[Client] = None
         self._client_pid: Optional[int] = None
+        # ((rank, world size), batches per epoch) as __len__ last asked the daemon.
+        self._len_cache: Optional[Tuple[Tuple[int, int], int]] = None
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_client"] = state["_client_pid"] = None  # connections stay in their process
+        # Pickled for a spawned worker while the training process iterates: its ranks and its
+        # place under Accelerate as they are now.
+        state["_handed"] = {"ddp": self._resolve_ddp(), "accelerate": self._accelerate_role()}
         return state
 
     def _connection(self) -> Client:
@@ -186,8 +221,8 @@ class LarderIterableDataset(IterableDataset):
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         """The next iteration serves epoch `epoch`, from step `start_step`; later ones follow."""
+        _accelerate_role(self)  # Accelerate calls this first: a setup that loses data fails here
         self._clock.set(epoch, 0, start_step)
-        self._ddp = self._resolve_ddp()
 
     def state_dict(self) -> dict:
         """Where this copy of the dataset stands: see the class docstring."""
@@ -204,20 +239,36 @@ class LarderIterableDataset(IterableDataset):
         self._position = dict(state)
 
     def _resolve_ddp(self) -> Tuple[int, int]:
+        """(rank, world size) as they are now: given, or torch.distributed's (a forked worker
+        inherits its parent's process group), or torchrun's RANK/WORLD_SIZE, or what the
+        training process saw when it handed this copy to a spawned worker."""
         if self.rank is not None or self.world_size is not None:
             return self.rank or 0, self.world_size or 1
         if dist.is_available() and dist.is_initialized():
             return dist.get_rank(), dist.get_world_size()
-        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun, in workers too
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        return 0, 1
+        return self._handed["ddp"] if self._handed else (0, 1)
+
+    def _accelerate_role(self) -> Optional[Tuple[int, int]]:
+        """(process index, processes) when Accelerate's DataLoaderDispatcher iterates this
+        dataset (accelerator.prepare's default for an IterableDataset), else None."""
+        if self._handed is not None:
+            return self._handed["accelerate"]
+        return _accelerate_role(self)
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        if info is None:
-            self._ddp = self._resolve_ddp()  # in the training process: as it is now
-        rank, world = self._ddp
+        rank, world = self._resolve_ddp()
+        role = self._accelerate_role()
+        if role is not None:
+            # Accelerate's default for an IterableDataset (dispatch_batches): process 0 iterates
+            # and hands each process its part of every batch, the others never take a batch.
+            # So process 0 serves the whole epoch and the others nothing.
+            if role[0] != 0:
+                return
+            rank, world = 0, 1
         restored, self._restored = self._restored, None
         if restored is not None:
             epoch, start_sample, start_step = restored["epoch"], restored["base_sample"], restored["base_step"]
@@ -256,6 +307,23 @@ class LarderIterableDataset(IterableDataset):
             yield out
         # The epoch is done: a checkpoint now resumes at the start of the next one.
         self._position = _position(epoch + 1)
+
+    def __len__(self) -> int:
+        """Batches this rank's loader yields in an epoch, for every DataLoader worker together
+        (what `len(DataLoader(ds, batch_size=None))` reports, and frameworks size progress,
+        schedules and the last batch by). Asked of the daemon, which holds the sharding rule."""
+        rank, world = self._resolve_ddp()
+        if self._accelerate_role() is not None:
+            rank, world = 0, 1  # process 0 serves the epoch; Accelerate divides the length
+        key = (rank, world)
+        if self._len_cache is None or self._len_cache[0] != key:
+            plan = self._connection().plan(
+                self.dataset, self.batch_size, seed=self.seed, rank=rank, world_size=world,
+                shuffle=self.shuffle, drop_last=self.drop_last, even_batches=self.even_batches,
+                fields=self._served_fields(), variable_layout=self.variable_layout,
+            )
+            self._len_cache = (key, plan.num_batches)
+        return self._len_cache[1]
 
     def _served_fields(self) -> Optional[List[str]]:
         """The dataset fields the requested tensors need (X_lengths and X_offsets come with X)."""

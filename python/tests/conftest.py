@@ -11,7 +11,13 @@ import h5py
 import numpy as np
 import pytest
 
+try:
+    import torch
+except ImportError:  # the oldest-dependencies environment (scripts/setup) has no torch
+    torch = None
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed here")
 SHAPE = (2, 4, 4)
 
 

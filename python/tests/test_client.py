@@ -6,11 +6,8 @@ import time
 
 import numpy as np
 import pytest
-import torch
-
 import larder
-import larder.torch
-from conftest import SHAPE, sample
+from conftest import SHAPE, needs_torch, sample, torch
 
 LENGTH = int(np.prod(SHAPE))
 
@@ -50,6 +47,15 @@ def test_batches_are_views_not_copies(daemon, transport):
         assert not b.images.flags.owndata
         # In shared memory the arrays are the slot's (writable); in a message, its bytes.
         assert b.images.flags.writeable == (transport == "shm")
+
+
+@needs_torch
+@pytest.mark.parametrize("transport", ["shm", "bytes"])
+def test_torch_tensors_share_the_batch_memory(daemon, transport):
+    import larder.torch
+
+    with larder.Client(daemon.unix) as c:
+        b = next(c.stream("train", 16, transport=transport))
         images, labels = b.torch()
         assert images.dtype == torch.uint8 and labels.dtype == torch.int64
         assert images.data_ptr() == b.images.ctypes.data, "torch shares the numpy memory"

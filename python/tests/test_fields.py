@@ -4,12 +4,10 @@ real gRPC; every value compared with what h5py and Pillow read themselves."""
 import h5py
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 import larder
-import larder.torch
-from conftest import Daemon
+from conftest import Daemon, needs_torch, torch
 
 N = 75
 
@@ -114,7 +112,10 @@ def test_every_field_byte_exact_and_exactly_once(mixed):
         assert tiers["raw"] == 0 and tiers["scratch"] == N
 
 
+@needs_torch
 def test_torch_gets_dicts_or_the_fields_asked_for(mixed):
+    import larder.torch
+
     d, truth = mixed
     ds = larder.torch.LarderIterableDataset("mixed", 16, address=d.unix, seed=1)
     batches = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))

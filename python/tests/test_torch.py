@@ -8,11 +8,12 @@ import sys
 
 import numpy as np
 import pytest
-import torch
-from torch.utils.data import DataLoader
 
-from conftest import REPO, Daemon, make_h5
-from larder.torch import LarderIterableDataset
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+from conftest import REPO, Daemon, make_h5  # noqa: E402
+from larder.torch import LarderIterableDataset  # noqa: E402
 
 
 def ids_of(loader):

@@ -3,13 +3,13 @@
 
 use super::daemon::until_stopped;
 use super::shm::{Peer, Ring, Rings};
-use super::stream::{assemble, MeteredStream, Selection, MAX_BATCH_BYTES};
+use super::stream::{assemble, slot_offsets, MeteredStream, Selection, MAX_BATCH_BYTES};
 use crate::catalog::{Catalog, Dataset};
 use crate::config::Config;
 use crate::proto::larder_server::Larder;
 use crate::proto::{
     Batch, DatasetInfo, GetStatsRequest, ListDatasetsRequest, ListDatasetsResponse, Stats,
-    StreamBatchesRequest, VariableLayout, WarmProgress, WarmRequest,
+    StreamBatchesRequest, StreamPlan, VariableLayout, WarmProgress, WarmRequest,
 };
 use crate::sampler::{Plan, PlanRequest};
 use crate::store::Store;
@@ -251,6 +251,27 @@ impl Larder for Service {
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
+    }
+
+    async fn plan_stream(
+        &self,
+        request: Request<StreamBatchesRequest>,
+    ) -> Result<Response<StreamPlan>, Status> {
+        let req = request.into_inner();
+        let (ds, plan, sel) = self.plan(&req)?;
+        let sizes: Option<Vec<usize>> = sel
+            .fields
+            .iter()
+            .map(|&f| {
+                let bytes = ds.schema.fields[f].fixed_bytes()?;
+                Some(req.batch_size as usize * bytes as usize)
+            })
+            .collect();
+        Ok(Response::new(StreamPlan {
+            num_batches: plan.num_batches - plan.start_batch,
+            num_samples: plan.remaining_samples(),
+            slot_bytes: sizes.map_or(0, |s| slot_offsets(s).1 as u64),
+        }))
     }
 
     type StreamBatchesStream = BatchStream;

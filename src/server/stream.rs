@@ -161,16 +161,7 @@ pub async fn assemble(
             (v, layout)
         })
         .collect();
-    // Where each field goes in a slot: one after the other, each 64-byte aligned.
-    let mut at = 0usize;
-    let offsets: Vec<usize> = fields
-        .iter()
-        .map(|(_, l)| {
-            let o = at;
-            at = (at + l.bytes).div_ceil(64) * 64;
-            o
-        })
-        .collect();
+    let (offsets, at) = slot_offsets(fields.iter().map(|(_, l)| l.bytes));
     let mut slot = match ring {
         Some(r) => r.claim_for(b).await,
         None => None,
@@ -229,6 +220,21 @@ pub async fn assemble(
         }
     }
     Ok((batch, slot))
+}
+
+/// Where each field of a batch goes in a shared-memory slot, given the fields' sizes: one after
+/// the other, each 64-byte aligned. Returns the offsets and the bytes the slot needs.
+pub fn slot_offsets(sizes: impl IntoIterator<Item = usize>) -> (Vec<usize>, usize) {
+    let mut at = 0usize;
+    let offsets = sizes
+        .into_iter()
+        .map(|bytes| {
+            let o = at;
+            at = (at + bytes).div_ceil(64) * 64;
+            o
+        })
+        .collect();
+    (offsets, at)
 }
 
 /// One field of a batch laid out: its message (name, dtype, shapes, lengths, offsets; no

@@ -1,0 +1,128 @@
+"""Under the training frameworks, run for real (CPU, 2 processes where distributed): every
+epoch covers every sample exactly once (up to DDP padding), each epoch in a new order, and a
+resumed job goes on with exactly the samples not yet seen. The scripts are in frameworks/."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+pytest.importorskip("torch")
+FRAMEWORKS = pathlib.Path(__file__).parent / "frameworks"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+N = 300
+
+
+def run(launcher, script, *args, fail=False):
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    out = subprocess.run(launcher + [str(FRAMEWORKS / script)] + [str(a) for a in args],
+                         capture_output=True, text=True, timeout=300, env=env)
+    if not fail:
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    return out
+
+
+def recorded(*dirs):
+    """{epoch: {rank: ids in the order trained on}} from the runs' records, in order."""
+    epochs = {}
+    for d in dirs:
+        for path in sorted(pathlib.Path(d).glob("ids-*.jsonl")):
+            rank = int(path.stem.split("-")[1])
+            for line in path.read_text().splitlines():
+                r = json.loads(line)
+                epochs.setdefault(r["epoch"], {}).setdefault(rank, []).extend(r["ids"])
+    return epochs
+
+
+def check(epochs, n_epochs, world=1):
+    """Every epoch every sample exactly once (DDP padding repeats fewer than `world`), ranks
+    the same number of samples, and each epoch in a new order. Returns the orders."""
+    assert sorted(epochs) == list(range(n_epochs))
+    orders = []
+    for e in range(n_epochs):
+        per_rank = epochs[e]
+        assert sorted(per_rank) == list(range(world)), f"epoch {e}: ranks {sorted(per_rank)}"
+        ids = [i for r in range(world) for i in per_rank[r]]
+        assert set(ids) == set(range(N)), f"epoch {e}: {N - len(set(ids))} samples missing"
+        assert len(ids) - N < world, f"epoch {e}: {len(ids) - N} samples twice"
+        assert len({len(v) for v in per_rank.values()}) == 1, "every rank as many samples"
+        orders.append(ids)
+    for e in range(1, n_epochs):
+        assert orders[e] != orders[e - 1], f"epoch {e} repeats epoch {e - 1}'s order"
+    return orders
+
+
+def test_lightning_single_process_with_workers(daemon, tmp_path):
+    run([sys.executable], "lightning_fit.py", daemon.unix, tmp_path, "--workers", 2, "--epochs", 3)
+    check(recorded(tmp_path), 3)
+
+
+def test_lightning_ddp_two_processes(daemon, tmp_path):
+    run([sys.executable], "lightning_fit.py", daemon.unix, tmp_path, "--devices", 2,
+        "--workers", 2, "--epochs", 2)
+    check(recorded(tmp_path), 2, world=2)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_lightning_resumes_from_a_mid_epoch_checkpoint(daemon, tmp_path, devices):
+    whole, first, second = (tmp_path / d for d in ("whole", "first", "second"))
+    for d in (whole, first, second):
+        d.mkdir()
+    common = [daemon.unix, "--devices", devices, "--workers", 2, "--epochs", 2, "--stateful"]
+    run([sys.executable], "lightning_fit.py", common[0], whole, *common[1:])
+    # Checkpoints every 4 steps; the job dies after 9, so the last checkpoint is at step 8 and
+    # the 9th step's batch is lost work, trained on again after the resume.
+    run([sys.executable], "lightning_fit.py", common[0], first, *common[1:],
+        "--ckpt-every", 4, "--stop-after", 9)
+    for path in first.glob("ids-*.jsonl"):
+        lines = path.read_text().splitlines()
+        assert len(lines) == 9
+        path.write_text("\n".join(lines[:8]) + "\n")
+    run([sys.executable], "lightning_fit.py", common[0], second, *common[1:],
+        "--resume", first / "step=8.ckpt")
+    resumed = check(recorded(first, second), 2, world=devices)
+    assert resumed == check(recorded(whole), 2, world=devices), "as if never interrupted"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_accelerate_prepare_with_its_defaults(daemon, tmp_path, workers):
+    run(TORCHRUN, "accelerate_fit.py", daemon.unix, tmp_path, "--workers", workers, "--epochs", 2)
+    check(recorded(tmp_path), 2, world=2)
+
+
+def test_accelerate_with_the_loader_left_out_of_prepare(daemon, tmp_path):
+    run(TORCHRUN, "accelerate_fit.py", daemon.unix, tmp_path, "--workers", 2, "--epochs", 2,
+        "--no-prepare")
+    check(recorded(tmp_path), 2, world=2)
+
+
+def test_accelerate_without_dispatch_fails_naming_the_setting(daemon, tmp_path):
+    out = run(TORCHRUN, "accelerate_fit.py", daemon.unix, tmp_path, "--dispatch-batches", "false",
+              fail=True)
+    assert out.returncode != 0
+    assert "dispatch_batches=False" in out.stderr and "DataLoaderConfiguration" in out.stderr
+    assert not list(tmp_path.glob("ids-*.jsonl")), "failed before training on any batch"
+
+
+@pytest.mark.parametrize("set_epoch", [True, False])
+def test_torchrun_with_persistent_workers(daemon, tmp_path, set_epoch):
+    run(TORCHRUN, "torchrun_fit.py", daemon.unix, tmp_path, "--epochs", 3, "--persistent",
+        *(["--set-epoch"] if set_epoch else []))
+    check(recorded(tmp_path), 3, world=2)
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_torchrun_stateful_dataloader_resumes_mid_epoch(daemon, tmp_path, persistent):
+    whole, first, second = (tmp_path / d for d in ("whole", "first", "second"))
+    for d in (whole, first, second):
+        d.mkdir()
+    flags = ["--epochs", 2, "--stateful"] + (["--persistent"] if persistent else [])
+    run(TORCHRUN, "torchrun_fit.py", daemon.unix, whole, *flags)
+    run(TORCHRUN, "torchrun_fit.py", daemon.unix, first, *flags, "--stop-after", 9)
+    run(TORCHRUN, "torchrun_fit.py", daemon.unix, second, *flags, "--resume", first)
+    assert check(recorded(first, second), 2, world=2) == check(recorded(whole), 2, world=2)
