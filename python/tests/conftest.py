@@ -93,6 +93,20 @@ class Daemon:
             self.socket.unlink()  # as a crashed daemon leaves it; a new one would replace it
 
 
+def quadrant_daemon(tmp_path, n: int) -> Daemon:
+    """larderd serving "quad", a learnable set: the class decides which quadrant is bright."""
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 4, n)
+    images = rng.integers(0, 60, (n, 3, 16, 16), dtype=np.uint8)
+    for i, c in enumerate(labels):
+        y, x = divmod(int(c), 2)
+        images[i, :, y * 8 : y * 8 + 8, x * 8 : x * 8 + 8] += 150
+    with h5py.File(tmp_path / "quad.h5", "w") as f:
+        f.create_dataset("images", data=images)
+        f.create_dataset("labels", data=labels.astype(np.int64))
+    return Daemon(tmp_path, f'[[dataset]]\nname = "quad"\npath = "{tmp_path / "quad.h5"}"\nlabels = "labels"\n')
+
+
 @pytest.fixture
 def h5_dataset(tmp_path):
     make_h5(tmp_path / "train.h5", 300)

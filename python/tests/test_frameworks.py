@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, quadrant_daemon
 
 pytest.importorskip("torch")
 FRAMEWORKS = pathlib.Path(__file__).parent / "frameworks"
@@ -126,3 +126,40 @@ def test_torchrun_stateful_dataloader_resumes_mid_epoch(daemon, tmp_path, persis
     run(TORCHRUN, "torchrun_fit.py", daemon.unix, first, *flags, "--stop-after", 9)
     run(TORCHRUN, "torchrun_fit.py", daemon.unix, second, *flags, "--resume", first)
     assert check(recorded(first, second), 2, world=2) == check(recorded(whole), 2, world=2)
+
+
+def run_readme_example(tmp_path, launcher, script, *args, env=None):
+    """Runs examples/SCRIPT (as the README shows it) on a learnable 512-sample set; returns
+    {(epoch, rank): (accuracy, samples)}."""
+    import re
+
+    d = quadrant_daemon(tmp_path, 512)
+    try:
+        env = dict(os.environ, PYTHONPATH=str(REPO / "python"), **(env or {}))
+        out = subprocess.run(
+            launcher + [str(REPO / "python" / "examples" / script), "--address", d.unix,
+                        "--dataset", "quad", "--classes", "4", "--batch-size", "32", "--epochs", "3",
+                        *map(str, args)],
+            capture_output=True, text=True, timeout=300, env=env)
+    finally:
+        d.stop()
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    lines = re.findall(r"epoch (\d+) rank (\d+): accuracy (\S+) \((\d+) samples", out.stdout)
+    return {(int(e), int(r)): (float(a), int(n)) for e, r, a, n in lines}
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_lightning_example_learns(tmp_path, devices):
+    epochs = run_readme_example(tmp_path, [sys.executable], "lightning_train.py", "--devices", devices)
+    assert sorted(epochs) == [(e, r) for e in range(3) for r in range(devices)]
+    for r in range(devices):
+        assert epochs[(2, r)][0] > 0.9, epochs
+        assert epochs[(2, r)][1] == 512 // devices
+
+
+def test_accelerate_example_learns(tmp_path):
+    # torchrun starts the processes (as `accelerate launch` does); Accelerate runs several
+    # processes on CPUs only when told to.
+    epochs = run_readme_example(tmp_path, TORCHRUN, "accelerate_train.py", env={"ACCELERATE_USE_CPU": "true"})
+    assert sorted(epochs) == [(e, r) for e in range(3) for r in range(2)]
+    assert all(epochs[(2, r)][0] > 0.9 and epochs[(2, r)][1] == 256 for r in range(2)), epochs

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
-from conftest import REPO, Daemon, make_h5  # noqa: E402
+from conftest import REPO, Daemon, make_h5, quadrant_daemon  # noqa: E402
 from larder.torch import LarderIterableDataset  # noqa: E402
 
 
@@ -148,22 +148,6 @@ def test_stateful_dataloader_resumes_mid_epoch_with_workers(daemon, persistent):
     assert ids_of(resumed) != full, "and the loader goes on to the next epoch"
 
 
-def quadrant_daemon(tmp_path, n: int) -> Daemon:
-    """larderd serving "quad", a learnable set: the class decides which quadrant is bright."""
-    rng = np.random.default_rng(0)
-    labels = rng.integers(0, 4, n)
-    images = rng.integers(0, 60, (n, 3, 16, 16), dtype=np.uint8)
-    for i, c in enumerate(labels):
-        y, x = divmod(int(c), 2)
-        images[i, :, y * 8 : y * 8 + 8, x * 8 : x * 8 + 8] += 150
-    import h5py
-
-    with h5py.File(tmp_path / "quad.h5", "w") as f:
-        f.create_dataset("images", data=images)
-        f.create_dataset("labels", data=labels.astype(np.int64))
-    return Daemon(tmp_path, f'[[dataset]]\nname = "quad"\npath = "{tmp_path / "quad.h5"}"\nlabels = "labels"\n')
-
-
 def run_example(launcher: list, address: str, epochs: int) -> subprocess.CompletedProcess:
     d_args = ["--address", address, "--dataset", "quad", "--epochs", str(epochs), "--batch-size", "32",
               "--workers", "2", "--classes", "4"]
@@ -202,24 +186,38 @@ def test_example_under_torchrun_with_uneven_ranks(tmp_path):
         assert sorted(int(n) for e, n in lines if e == str(epoch)) == [257, 257], out.stdout
 
 
-def _ddp_rank(rank, world, port, address, out_dir):
+def _ddp_rank(rank, world, port, address, out_dir, context):
     import torch.distributed as dist
 
+    # Built before the process group, as a DataModule would: the rank is resolved when
+    # iteration starts, in forked and in spawned DataLoader workers.
+    ds = LarderIterableDataset("train", 16, address=address, seed=9)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        ds = LarderIterableDataset("train", 16, address=address, seed=9)  # rank from the process group
-        ids = ids_of(DataLoader(ds, batch_size=None, num_workers=2))
+        loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
+        ids = ids_of(loader)
+        assert len(loader) == 10, "len() is this rank's batches"
         (pathlib.Path(out_dir) / f"rank{rank}.txt").write_text(" ".join(map(str, ids)))
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def test_ddp_ranks_from_a_real_process_group(daemon, tmp_path):
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_ddp_ranks_from_a_real_process_group(daemon, tmp_path, context):
     import torch.multiprocessing as mp
     from conftest import free_port
 
-    mp.spawn(_ddp_rank, args=(2, free_port(), daemon.unix, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_ddp_rank, args=(2, free_port(), daemon.unix, str(tmp_path), context), nprocs=2, join=True)
     shards = [list(map(int, (tmp_path / f"rank{r}.txt").read_text().split())) for r in range(2)]
     assert all(len(s) == 150 for s in shards)
     assert sorted(shards[0] + shards[1]) == list(range(300)), "each sample on exactly one rank"
+
+
+@pytest.mark.parametrize("even,drop_last", [(True, False), (False, False), (True, True)])
+def test_len_is_the_batches_each_rank_gets(daemon, even, drop_last):
+    for rank in range(3):
+        ds = LarderIterableDataset("train", 7, address=daemon.unix, seed=2, rank=rank, world_size=3,
+                                   even_batches=even, drop_last=drop_last)
+        loader = DataLoader(ds, batch_size=None, num_workers=2)
+        assert len(loader) == len(list(loader))
