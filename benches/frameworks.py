@@ -68,6 +68,8 @@ def inner(mode: str, address: str, epochs: int) -> None:
             rates.append(int(dist_seen) / (time.perf_counter() - started))
     if rank == 0:
         print(f"RESULT {statistics.median(rates):.0f}", flush=True)
+    barrier()
+    dist.destroy_process_group()
 
 
 def main() -> None:

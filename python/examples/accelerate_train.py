@@ -55,6 +55,7 @@ def main() -> None:
             correct += int((logits.argmax(1) == labels).sum())
         print(f"epoch {epoch} rank {accelerator.process_index}: accuracy "
               f"{correct / max(seen, 1):.3f} ({seen} samples)", flush=True)
+    accelerator.end_training()
 
 
 if __name__ == "__main__":

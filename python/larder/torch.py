@@ -200,9 +200,12 @@ class LarderIterableDataset(IterableDataset):
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_client"] = state["_client_pid"] = None  # connections stay in their process
-        # Pickled for a spawned worker while the training process iterates: its ranks and its
-        # place under Accelerate as they are now.
-        state["_handed"] = {"ddp": self._resolve_ddp(), "accelerate": self._accelerate_role()}
+        from multiprocessing import context
+
+        if context.get_spawning_popen() is not None:
+            # Handed to a spawned DataLoader worker as the training process starts iterating:
+            # its ranks and its place under Accelerate as they are now.
+            state["_handed"] = {"ddp": self._resolve_ddp(), "accelerate": self._accelerate_role()}
         return state
 
     def _connection(self) -> Client:

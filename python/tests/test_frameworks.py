@@ -163,3 +163,14 @@ def test_accelerate_example_learns(tmp_path):
     epochs = run_readme_example(tmp_path, TORCHRUN, "accelerate_train.py", env={"ACCELERATE_USE_CPU": "true"})
     assert sorted(epochs) == [(e, r) for e in range(3) for r in range(2)]
     assert all(epochs[(2, r)][0] > 0.9 and epochs[(2, r)][1] == 256 for r in range(2)), epochs
+
+
+def test_readme_excerpts_are_the_examples_the_tests_run():
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```python\n# (python/examples/\S+\.py)\n(.*?)```", readme, re.S)
+    assert {path for path, _ in blocks} >= {"python/examples/train.py", "python/examples/lightning_train.py",
+                                            "python/examples/accelerate_train.py"}
+    for path, code in blocks:
+        assert code in (REPO / path).read_text(), f"README's excerpt of {path} is not in it"

@@ -47,6 +47,7 @@ def main():
             accelerator.backward(loss)
             opt.step()
     accelerator.wait_for_everyone()
+    accelerator.end_training()  # leaves the process group together (gloo aborts otherwise)
 
 
 if __name__ == "__main__":
