@@ -339,26 +339,15 @@ class Client:
         dataset: str,
         batch_size: int,
         *,
-        seed: int = 0,
-        epoch: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        start_batch: int = 0,
-        shuffle: bool = True,
-        drop_last: bool = False,
-        even_batches: bool = True,
-        worker: int = 0,
-        num_workers: int = 1,
-        start_sample: int = 0,
-        start_step: int = 0,
-        fields: Optional[Sequence[str]] = None,
-        variable_layout: str = "padded",
         transport: str = "auto",
         prefetch: int = 2,
         pin_memory: bool = False,
+        **shard,
     ) -> Iterator[Batch]:
         """The batches of one epoch of rank `rank`'s shard (of its DataLoader worker `worker` of
-        `num_workers`).
+        `num_workers`). `shard`: seed=0, epoch=0, rank=0, world_size=1, worker=0,
+        num_workers=1, shuffle=True, drop_last=False, even_batches=True, start_sample=0,
+        start_step=0, start_batch=0, fields=None, variable_layout="padded".
 
         The daemon holds the sharding rule: the epoch's order, from `start_sample` on, is cut
         into batches taken in rounds, one per rank, round t being every rank's step t; a rank's
@@ -386,13 +375,7 @@ class Client:
         """
         if transport not in ("auto", "shm", "bytes"):
             raise ValueError(f"transport must be 'auto', 'shm' or 'bytes', not {transport!r}")
-        request = _request(
-            dataset, batch_size, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
-            start_batch=start_batch, shuffle=shuffle, drop_last=drop_last,
-            even_batches=even_batches, worker=worker, num_workers=num_workers,
-            start_sample=start_sample, start_step=start_step, fields=fields,
-            variable_layout=variable_layout,
-        )
+        request = _request(dataset, batch_size, **shard)
         state = _StreamState(max(prefetch, 0))
         batches = self._batches(request, transport, pin_memory, state)
         if prefetch <= 0:
