@@ -111,6 +111,30 @@ def _accelerate_role(ds) -> Optional[Tuple[int, int]]:
     return None
 
 
+def _plan_elsewhere(address, timeout, dataset, batch_size, shard) -> int:
+    """Batches a stream would serve, asked by a short-lived process: the training process asks
+    for len() (Lightning does) before it forks DataLoader workers, and a process that has used
+    gRPC cannot fork safely (a worker's new connection can hang for good)."""
+    import json
+    import subprocess
+
+    code = (
+        "import json, sys; from larder.client import Client, LarderError; a = json.loads(sys.argv[1])\n"
+        "try: print(Client(a['address'], a['timeout']).plan(a['dataset'], a['batch_size'], **a['shard']).num_batches)\n"
+        "except LarderError as e: sys.exit(str(e))"
+    )
+    arg = json.dumps({"address": address, "timeout": timeout, "dataset": dataset,
+                      "batch_size": batch_size, "shard": shard})
+    path = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        from larder.client import LarderError
+
+        raise LarderError(out.stderr.strip() or f"len() failed (exit status {out.returncode})")
+    return int(out.stdout)
+
+
 def _position(epoch: int, sample: int = 0, step: int = 0, batches: int = 0) -> dict:
     """A dataset's state: an iteration of `epoch` that began at `sample` of the epoch's global
     order and step `step`, has yielded `batches` batches, and stands at `sample` (the last
@@ -320,12 +344,16 @@ class LarderIterableDataset(IterableDataset):
             rank, world = 0, 1  # process 0 serves the epoch; Accelerate divides the length
         key = (rank, world)
         if self._len_cache is None or self._len_cache[0] != key:
-            plan = self._connection().plan(
-                self.dataset, self.batch_size, seed=self.seed, rank=rank, world_size=world,
-                shuffle=self.shuffle, drop_last=self.drop_last, even_batches=self.even_batches,
-                fields=self._served_fields(), variable_layout=self.variable_layout,
-            )
-            self._len_cache = (key, plan.num_batches)
+            shard = dict(seed=self.seed, rank=rank, world_size=world, shuffle=self.shuffle,
+                         drop_last=self.drop_last, even_batches=self.even_batches,
+                         fields=self._served_fields(), variable_layout=self.variable_layout)
+            if self._client is not None and self._client_pid == os.getpid():
+                plan = self._client.plan(self.dataset, self.batch_size, **shard)
+                batches = plan.num_batches
+            else:
+                batches = _plan_elsewhere(self.address, self.reconnect_timeout, self.dataset,
+                                          self.batch_size, shard)
+            self._len_cache = (key, batches)
         return self._len_cache[1]
 
     def _served_fields(self) -> Optional[List[str]]:
