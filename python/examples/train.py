@@ -40,6 +40,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers (0 is fastest)")
+    p.add_argument("--channels", type=int, default=3, help="channels of the image field")
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
@@ -50,11 +51,9 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(args.seed)
 
-    with larder.Client(args.address) as client:
-        info = client.dataset(args.dataset)
-    image = next(f for f in info.fields if f.name == "image")
-    channels = image.shape[0]
-    model = model_for(channels, args.classes).to(device)
+    # No larder.Client calls here before DataLoader workers start: a process that has used gRPC
+    # cannot fork them safely. (`larder datasets` lists each dataset's fields and shapes.)
+    model = model_for(args.channels, args.classes).to(device)
     if dist.is_initialized():
         model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
