@@ -18,10 +18,11 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 N = 300
 
 
-def run(launcher, script, *args, fail=False):
+def run(launcher, script, address, out_dir, *args, fail=False):
+    """Runs frameworks/SCRIPT ADDRESS OUT_DIR ARGS... in OUT_DIR (what it writes stays there)."""
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    out = subprocess.run(launcher + [str(FRAMEWORKS / script)] + [str(a) for a in args],
-                         capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run(launcher + [str(FRAMEWORKS / script), address, str(out_dir)] + [str(a) for a in args],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=out_dir)
     if not fail:
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     return out
@@ -140,7 +141,7 @@ def run_readme_example(tmp_path, launcher, script, *args, env=None):
             launcher + [str(REPO / "python" / "examples" / script), "--address", d.unix,
                         "--dataset", "quad", "--classes", "4", "--batch-size", "32", "--epochs", "3",
                         *map(str, args)],
-            capture_output=True, text=True, timeout=300, env=env)
+            capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)  # checkpoints go there
     finally:
         d.stop()
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
