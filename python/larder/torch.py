@@ -284,18 +284,30 @@ class LarderIterableDataset(IterableDataset):
             return self._handed["accelerate"]
         return _accelerate_role(self)
 
+    def _ranks(self) -> Tuple[int, int, bool]:
+        """(rank, world size, whether this process serves batches). Under Accelerate's default
+        for an IterableDataset (dispatch_batches), process 0 iterates and hands each process its
+        part of every batch, the others never take one: process 0 serves the whole epoch, as
+        rank 0 of 1, and the others nothing."""
+        role = self._accelerate_role()
+        if role is not None:
+            return 0, 1, role[0] == 0
+        rank, world = self._resolve_ddp()
+        return rank, world, True
+
+    def _shard(self, rank: int, world: int) -> dict:
+        """What picks this dataset's batches for `rank` of `world`, as Client.stream and
+        Client.plan take it."""
+        return dict(seed=self.seed, rank=rank, world_size=world, shuffle=self.shuffle,
+                    drop_last=self.drop_last, even_batches=self.even_batches,
+                    fields=self._served_fields(), variable_layout=self.variable_layout)
+
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        rank, world = self._resolve_ddp()
-        role = self._accelerate_role()
-        if role is not None:
-            # Accelerate's default for an IterableDataset (dispatch_batches): process 0 iterates
-            # and hands each process its part of every batch, the others never take a batch.
-            # So process 0 serves the whole epoch and the others nothing.
-            if role[0] != 0:
-                return
-            rank, world = 0, 1
+        rank, world, serves = self._ranks()
+        if not serves:
+            return
         restored, self._restored = self._restored, None
         if restored is not None:
             epoch, start_sample, start_step = restored["epoch"], restored["base_sample"], restored["base_step"]
@@ -309,23 +321,16 @@ class LarderIterableDataset(IterableDataset):
         for batch in client.stream(
             self.dataset,
             self.batch_size,
-            seed=self.seed,
             epoch=epoch,
-            rank=rank,
-            world_size=world,
             worker=worker,
             num_workers=workers,
             start_sample=start_sample,
             start_step=start_step,
             start_batch=start_batch,
-            shuffle=self.shuffle,
-            drop_last=self.drop_last,
-            even_batches=self.even_batches,
-            fields=self._served_fields(),
-            variable_layout=self.variable_layout,
             transport=self.transport,
             prefetch=self.prefetch,
             pin_memory=self.pin_memory,
+            **self._shard(rank, world),
         ):
             out = batch.torch(self.fields)
             position["batches"] += 1
@@ -339,14 +344,10 @@ class LarderIterableDataset(IterableDataset):
         """Batches this rank's loader yields in an epoch, for every DataLoader worker together
         (what `len(DataLoader(ds, batch_size=None))` reports, and frameworks size progress,
         schedules and the last batch by). Asked of the daemon, which holds the sharding rule."""
-        rank, world = self._resolve_ddp()
-        if self._accelerate_role() is not None:
-            rank, world = 0, 1  # process 0 serves the epoch; Accelerate divides the length
+        rank, world, _ = self._ranks()  # under Accelerate, process 0's: it divides the length
         key = (rank, world)
         if self._len_cache is None or self._len_cache[0] != key:
-            shard = dict(seed=self.seed, rank=rank, world_size=world, shuffle=self.shuffle,
-                         drop_last=self.drop_last, even_batches=self.even_batches,
-                         fields=self._served_fields(), variable_layout=self.variable_layout)
+            shard = self._shard(rank, world)
             if self._client is not None and self._client_pid == os.getpid():
                 plan = self._client.plan(self.dataset, self.batch_size, **shard)
                 batches = plan.num_batches
