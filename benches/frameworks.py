@@ -112,7 +112,7 @@ def main() -> None:
                     sys.exit(out.stderr[-3000:])
                 rows[label] = float(found[0].split()[1])
             base = rows["plain DDP (no Accelerate)"]
-            print(f"| setup | samples/s | vs plain DDP |\n|---|---|---|")
+            print("| setup | samples/s | vs plain DDP |\n|---|---|---|")
             for label, rate in rows.items():
                 print(f"| {label} | {rate:,.0f} | {rate / base:.2f}x |")
         finally:

@@ -26,6 +26,18 @@ def sample(i: int, length: int) -> np.ndarray:
     return ((i * 131 + np.arange(length) * 7) % 251).astype(np.uint8)
 
 
+def sample_ids(images, labels, n: int = 300) -> list:
+    """Which samples of make_h5's data a batch holds, read back from the pixels: pixel 0 of
+    sample i is (i * 131) % 251 and its label i % 10, which together name i < n <= 2510."""
+    out = []
+    for img, label in zip(images, labels):
+        first, label = int(img.reshape(-1)[0]), int(label)
+        match = [i for i in range(n) if (i * 131) % 251 == first and i % 10 == label]
+        assert len(match) == 1, (first, label)
+        out.append(match[0])
+    return out
+
+
 def make_h5(path: pathlib.Path, n: int, shape=SHAPE) -> None:
     length = int(np.prod(shape))
     data = np.stack([sample(i, length) for i in range(n)]).reshape((n,) + tuple(shape))

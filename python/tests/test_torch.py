@@ -1,18 +1,16 @@
 """The torch IterableDataset: DataLoader workers x DDP ranks, exactly once, resume, training."""
 
-import os
 import pathlib
 import re
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
-from conftest import REPO, Daemon, make_h5, quadrant_daemon  # noqa: E402
+from conftest import REPO, quadrant_daemon, sample_ids  # noqa: E402
 from larder.torch import LarderIterableDataset  # noqa: E402
 
 
@@ -21,12 +19,7 @@ def ids_of(loader):
     out = []
     for images, labels in loader:
         assert images.dtype == torch.uint8 and images.shape[1:] == (2, 4, 4)
-        # Pixel 0 of sample i is (i * 131) % 251, and its label i % 10: enough to recover i < 300.
-        for img, label in zip(images, labels):
-            first = int(img.reshape(-1)[0])
-            candidates = [i for i in range(300) if (i * 131) % 251 == first and i % 10 == label]
-            assert len(candidates) == 1
-            out.append(candidates[0])
+        out += sample_ids(images, labels)
     return out
 
 

@@ -1,23 +1,36 @@
-"""What the framework scripts share: the synthetic dataset's sample ids, read back from the
-pixels, recorded per process and epoch for the test to check."""
+"""What the framework scripts share: their common arguments, a toy model's loss, and a record
+of the sample ids each process trains on per epoch (read back from the pixels of conftest's
+dataset) for the test to check."""
 
+import argparse
 import json
 import os
 import pathlib
+import sys
 
-N = 300
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from conftest import sample_ids  # noqa: E402
 
 
-def ids(images, labels):
-    """Sample ids of a batch of the conftest dataset: pixel 0 of sample i is (i * 131) % 251 and
-    its label i % 10, which together name i < 300."""
-    out = []
-    for img, label in zip(images, labels):
-        first, label = int(img.reshape(-1)[0]), int(label)
-        match = [i for i in range(N) if (i * 131) % 251 == first and i % 10 == label]
-        assert len(match) == 1, (first, label)
-        out.append(match[0])
-    return out
+def arguments(doc: str, workers: int = 0) -> argparse.ArgumentParser:
+    """ADDRESS OUT --workers K --epochs E, and whatever the script adds."""
+    p = argparse.ArgumentParser(description=doc)
+    p.add_argument("address")
+    p.add_argument("out")
+    p.add_argument("--workers", type=int, default=workers)
+    p.add_argument("--epochs", type=int, default=2)
+    return p
+
+
+def model() -> torch.nn.Module:
+    """A linear classifier of the 2x4x4 samples."""
+    return torch.nn.Linear(32, 10)
+
+
+def loss(net, images, labels):
+    return torch.nn.functional.cross_entropy(net(images.reshape(len(images), -1).float() / 255), labels)
 
 
 class Recorder:
@@ -28,4 +41,4 @@ class Recorder:
 
     def __call__(self, epoch: int, images, labels) -> None:
         with open(self.path, "a") as f:
-            f.write(json.dumps({"epoch": epoch, "ids": ids(images, labels), "pid": os.getpid()}) + "\n")
+            f.write(json.dumps({"epoch": epoch, "ids": sample_ids(images, labels), "pid": os.getpid()}) + "\n")

@@ -5,7 +5,6 @@ train_dataloader(). Records the ids each rank trains on, per epoch.
         [--stop-after S --ckpt-every C] [--resume CKPT] [--stateful]
 """
 
-import argparse
 import sys
 
 import lightning as L
@@ -13,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from common import Recorder  # noqa: E402
+from common import Recorder, arguments, loss, model  # noqa: E402
 
 from larder.torch import LarderIterableDataset  # noqa: E402
 
@@ -21,7 +20,7 @@ from larder.torch import LarderIterableDataset  # noqa: E402
 class Model(L.LightningModule):
     def __init__(self, record, stop_after=None):
         super().__init__()
-        self.net = torch.nn.Linear(32, 10)
+        self.net = model()
         self.record, self.stop_after = record, stop_after
 
     def training_step(self, batch, batch_idx):
@@ -29,8 +28,7 @@ class Model(L.LightningModule):
         self.record(self.current_epoch, images, labels)
         if self.stop_after is not None and self.global_step + 1 >= self.stop_after:
             self.trainer.should_stop = True
-        x = images.reshape(len(images), -1).float() / 255
-        return torch.nn.functional.cross_entropy(self.net(x), labels)
+        return loss(self.net, images, labels)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -52,12 +50,8 @@ class Data(L.LightningDataModule):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("address")
-    p.add_argument("out")
+    p = arguments(__doc__)
     p.add_argument("--devices", type=int, default=1)
-    p.add_argument("--workers", type=int, default=0)
-    p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--stop-after", type=int)
     p.add_argument("--ckpt-every", type=int)
     p.add_argument("--resume")

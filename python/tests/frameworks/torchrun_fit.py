@@ -6,7 +6,6 @@ after some steps saving each rank's loader state, and resume from it.
         [--persistent] [--set-epoch] [--stateful] [--stop-after S] [--resume DIR]
 """
 
-import argparse
 import pathlib
 import sys
 
@@ -15,17 +14,13 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from common import Recorder  # noqa: E402
+from common import Recorder, arguments, loss, model  # noqa: E402
 
 from larder.torch import LarderIterableDataset  # noqa: E402
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("address")
-    p.add_argument("out")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=2)
+    p = arguments(__doc__, workers=2)
     p.add_argument("--persistent", action="store_true")
     p.add_argument("--set-epoch", action="store_true")
     p.add_argument("--stateful", action="store_true")
@@ -35,8 +30,8 @@ def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     record = Recorder(a.out, rank)
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    net = torch.nn.parallel.DistributedDataParallel(model())
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
     ds = LarderIterableDataset("train", 7, address=a.address, seed=3)
     if a.stateful:
         from torchdata.stateful_dataloader import StatefulDataLoader as Loader
@@ -54,10 +49,8 @@ def main():
             ds.set_epoch(epoch)
         for images, labels in loader:
             record(epoch, images, labels)
-            x = images.reshape(len(images), -1).float() / 255
-            loss = torch.nn.functional.cross_entropy(model(x), labels)
             opt.zero_grad()
-            loss.backward()
+            loss(net, images, labels).backward()
             opt.step()
             step += 1
             if step == a.stop_after:
