@@ -127,7 +127,13 @@ def _plan_elsewhere(address, timeout, dataset, batch_size, shard) -> int:
                       "batch_size": batch_size, "shard": shard})
     path = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")])))
-    out = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, env=env)
+    try:
+        out = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, env=env,
+                             timeout=60 + 2 * timeout)
+    except subprocess.TimeoutExpired:
+        from larder.client import LarderError
+
+        raise LarderError(f"len(): the daemon at {address} did not answer in {60 + 2 * timeout:.0f} s")
     if out.returncode != 0:
         from larder.client import LarderError
 

@@ -5,6 +5,8 @@ resumed job goes on with exactly the samples not yet seen. The scripts are in fr
 import json
 import os
 import pathlib
+import shutil
+import signal
 import subprocess
 import sys
 
@@ -18,11 +20,35 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 N = 300
 
 
-def run(launcher, script, address, out_dir, *args, fail=False):
-    """Runs frameworks/SCRIPT ADDRESS OUT_DIR ARGS... in OUT_DIR (what it writes stays there)."""
+def stacks(session: int) -> str:
+    """Python stacks of every process in session `session` (py-spy, where installed)."""
+    spy = shutil.which("py-spy") or str(pathlib.Path(sys.executable).parent / "py-spy")
+    pids = subprocess.run(["ps", "-o", "pid=", "-s", str(session)], capture_output=True, text=True).stdout
+    out = []
+    for pid in pids.split():
+        dump = subprocess.run([spy, "dump", "--pid", pid], capture_output=True, text=True, timeout=60)
+        out.append(f"--- process {pid}\n{dump.stdout}{dump.stderr}")
+    return "\n".join(out)
+
+
+def run(launcher, script, address, out_dir, *args, fail=False, timeout=300):
+    """Runs frameworks/SCRIPT ADDRESS OUT_DIR ARGS... in OUT_DIR (what it writes stays there).
+    A run that hangs fails with every process's Python stack."""
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    out = subprocess.run(launcher + [str(FRAMEWORKS / script), address, str(out_dir)] + [str(a) for a in args],
-                         capture_output=True, text=True, timeout=300, env=env, cwd=out_dir)
+    cmd = launcher + [str(FRAMEWORKS / script), address, str(out_dir)] + [str(a) for a in args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=out_dir, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            where = stacks(proc.pid)
+        except (OSError, subprocess.SubprocessError) as e:
+            where = f"(no stacks: {e})"
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{script} hung for {timeout} s\n{stderr[-4000:]}\nstacks:\n{where}")
+    out = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     if not fail:
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     return out
