@@ -6,7 +6,7 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use larder::config::FieldConfig;
 use larder::fields::Value;
 use larder::memory::MemoryTier;
-use larder::preprocess::{FieldOp, Preprocess};
+use larder::pipeline::{FieldOp, Preprocess, Resize};
 use larder::sampler::epoch_order;
 use larder::scratch::{ScratchSpace, ScratchTier};
 use larder::source::{Hdf5Source, RawSource};
@@ -112,12 +112,15 @@ fn preprocess(c: &mut Criterion) {
     let jpeg = jpeg.into_inner();
     let p = Preprocess::Images {
         ops: vec![FieldOp::rgb()],
-        resize: 256,
-        crop: 224,
+        resize: Resize {
+            shorter: 256,
+            max_size: None,
+            square: false,
+        },
     };
     let mut g = c.benchmark_group("preprocess");
     g.throughput(Throughput::Elements(1));
-    g.bench_function("jpeg 320x240 -> decode, resize 256, crop 224", |b| {
+    g.bench_function("jpeg 320x240 -> decode, resize 256", |b| {
         b.iter_batched(
             || vec![Value::new(vec![jpeg.len() as u32], jpeg.clone())],
             |j| black_box(p.apply(j).unwrap()),

@@ -1,13 +1,13 @@
 //! The datasets the daemon serves, opened from the config.
 
-use crate::config::{DatasetConfig, ImageMode, ScratchConfig, SourceKind};
+use crate::config::{DatasetConfig, ImageMode, OnError, ScratchConfig, SourceKind, TrainCrop};
 use crate::fields::{Pairing, Resample, Schema};
-use crate::preprocess::{FieldOp, Preprocess};
+use crate::pipeline::{Crop, FieldOp, Pipeline, Preprocess, Resize, Spatial};
 use crate::scratch::{fnv1a, ScratchSpace, ScratchTier};
 use crate::source::{Hdf5Source, ImageFolderSource, RawSample, RawSource};
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 pub struct Dataset {
     /// Small integer id used in cache keys.
@@ -17,8 +17,25 @@ pub struct Dataset {
     pub preprocess: Preprocess,
     /// The fields of every sample: what preprocessing makes and the tiers keep.
     pub schema: Schema,
+    /// The fields streams serve: the eval and the train pipeline cut samples to these shapes.
+    pub served: Schema,
+    /// How a stream's samples are cut from the stored ones: the eval pipeline (None: served as
+    /// stored) and the train one (None: the dataset has none).
+    pub eval: Option<Pipeline>,
+    pub train: Option<Pipeline>,
+    /// What a sample that fails to read or decode does to a stream.
+    pub on_error: OnError,
+    /// Samples that failed to read or decode (skipped), by index: why, the file named.
+    bad: Mutex<BTreeMap<u64, String>>,
     /// The dataset's scratch shards, unless the scratch tier is off or could not be opened.
     pub scratch: Option<ScratchTier>,
+}
+
+/// A stream's choice of pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PipelineKind {
+    Eval,
+    Train,
 }
 
 impl Dataset {
@@ -34,9 +51,75 @@ impl Dataset {
             name: name.to_string(),
             source,
             preprocess,
+            served: schema.clone(),
             schema,
+            eval: None,
+            train: None,
+            on_error: OnError::Skip,
+            bad: Mutex::new(BTreeMap::new()),
             scratch: None,
         }
+    }
+
+    /// The dataset with these pipelines (which must serve the same shapes).
+    pub fn with_pipelines(
+        mut self,
+        eval: Option<Pipeline>,
+        train: Option<Pipeline>,
+    ) -> Result<Dataset> {
+        if let Some(p) = &eval {
+            self.served = p.served(&self.schema)?;
+        }
+        if let Some(t) = &train {
+            let served = t.served(&self.schema)?;
+            ensure!(
+                served == self.served,
+                "the train pipeline serves {}, the eval one {}",
+                served.describe(),
+                self.served.describe()
+            );
+        }
+        (self.eval, self.train) = (eval, train);
+        Ok(self)
+    }
+
+    /// The pipeline a stream asked for (None: samples as stored).
+    pub fn pipeline(&self, kind: PipelineKind) -> Result<Option<&Pipeline>, String> {
+        match kind {
+            PipelineKind::Eval => Ok(self.eval.as_ref()),
+            PipelineKind::Train => match &self.train {
+                Some(t) => Ok(Some(t)),
+                None => Err(format!(
+                    "dataset {:?} has no train pipeline: add a [dataset.train] table to its config (random crops and flips), or ask for pipeline \"eval\"",
+                    self.name
+                )),
+            },
+        }
+    }
+
+    /// Records sample `index` as bad; true the first time (when it is logged).
+    pub fn mark_bad(&self, index: u64, why: &anyhow::Error) -> bool {
+        let mut bad = self.bad.lock().unwrap_or_else(|e| e.into_inner());
+        if bad.contains_key(&index) {
+            return false;
+        }
+        let why = format!("{why:#}");
+        tracing::warn!(dataset = %self.name, sample = index, "skipping a sample that does not read or decode: {why}");
+        bad.insert(index, why);
+        true
+    }
+
+    pub fn is_bad(&self, index: u64) -> bool {
+        self.bad
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&index)
+    }
+
+    /// The samples skipped so far: (index, why).
+    pub fn bad_samples(&self) -> Vec<(u64, String)> {
+        let bad = self.bad.lock().unwrap_or_else(|e| e.into_inner());
+        bad.iter().map(|(&i, w)| (i, w.clone())).collect()
     }
 
     /// Identifies the raw data, its preprocessing and the fields: scratch shards of another
@@ -82,9 +165,9 @@ impl Dataset {
     }
 
     pub fn info(&self) -> crate::proto::DatasetInfo {
-        let first = &self.schema.fields[0];
+        let first = &self.served.fields[0];
         let fields = self
-            .schema
+            .served
             .fields
             .iter()
             .map(|f| crate::proto::FieldInfo {
@@ -100,10 +183,12 @@ impl Dataset {
             name: self.name.clone(),
             num_samples: self.len(),
             sample_shape: first.shape.iter().map(|d| d.unwrap_or(0)).collect(),
-            has_labels: self.schema.field("label").is_some(),
+            has_labels: self.served.field("label").is_some(),
             source: self.source.describe(),
-            sample_bytes: self.schema.fixed_record_bytes().unwrap_or(0),
+            sample_bytes: self.served.fixed_record_bytes().unwrap_or(0),
             fields,
+            has_train_pipeline: self.train.is_some(),
+            bad_samples: self.bad.lock().unwrap_or_else(|e| e.into_inner()).len() as u64,
         }
     }
 }
@@ -176,7 +261,74 @@ impl Catalog {
 }
 
 fn open_dataset(id: u32, c: &DatasetConfig) -> Result<Dataset> {
+    let mut dataset = open_source(id, c)?;
+    dataset.on_error = c.on_error;
+    let (eval, train) = pipelines(c, &dataset.schema)?;
+    dataset.with_pipelines(eval, train)
+}
+
+/// The eval and train pipelines the config asks for, on the stored fields `stored`: the box is
+/// drawn in the first field with H and W (an image folder's first image) and applied to the
+/// fields paired with it.
+fn pipelines(c: &DatasetConfig, stored: &Schema) -> Result<(Option<Pipeline>, Option<Pipeline>)> {
+    let size = c.crop_size().map(|s| (s, s));
+    if size.is_none() && c.train.is_none() {
+        return Ok((None, None));
+    }
+    let (reference, spec) = stored
+        .fields
+        .iter()
+        .enumerate()
+        .find(|(_, f)| f.shape.len() >= 2)
+        .context("crop and [dataset.train] need a field with H and W (at least 2 dims); this dataset has none")?;
+    let mut spatial = vec![None; stored.fields.len()];
+    for (i, f) in stored.fields.iter().enumerate() {
+        let scale = match &f.pair {
+            _ if i == reference => 1,
+            Some(p) if p.with == spec.name => p.scale,
+            Some(p) => bail!(
+                "field {:?} pairs with {:?}; crops are drawn in {:?}, so pair fields with it",
+                f.name,
+                p.with,
+                spec.name
+            ),
+            None => continue,
+        };
+        spatial[i] = Some(Spatial {
+            scale,
+            resample: f.resample,
+        });
+    }
+    let eval = size.map(|size| Pipeline {
+        crop: Crop::Center,
+        flip: false,
+        size: Some(size),
+        spatial: spatial.clone(),
+        reference,
+    });
+    let train = c.train.as_ref().map(|t| Pipeline {
+        crop: match t.crop_kind(c.kind) {
+            TrainCrop::RandomResized => Crop::RandomResized {
+                scale: (t.scale[0], t.scale[1]),
+                ratio: (t.ratio[0], t.ratio[1]),
+            },
+            TrainCrop::Random => Crop::Random { padding: t.padding },
+        },
+        flip: t.flip,
+        size,
+        spatial,
+        reference,
+    });
+    Ok((eval, train))
+}
+
+fn open_source(id: u32, c: &DatasetConfig) -> Result<Dataset> {
     let fields = c.field_configs();
+    let resize = Resize {
+        shorter: c.resize,
+        max_size: c.max_size,
+        square: c.square,
+    };
     Ok(match c.kind {
         SourceKind::Hdf5 => {
             let source = Hdf5Source::open(&c.path, &fields)?;
@@ -208,7 +360,7 @@ fn open_dataset(id: u32, c: &DatasetConfig) -> Result<Dataset> {
             for f in &fields {
                 if f.from.is_some() {
                     ops.push(FieldOp::Keep);
-                    specs.push(FieldOp::Keep.field(&f.name, c.crop));
+                    specs.push(FieldOp::Keep.field(&f.name, &resize));
                     continue;
                 }
                 let mode = f.mode.unwrap_or(ImageMode::Rgb);
@@ -231,7 +383,7 @@ fn open_dataset(id: u32, c: &DatasetConfig) -> Result<Dataset> {
                     scale,
                     resample,
                 };
-                let mut spec = op.field(&f.name, c.crop);
+                let mut spec = op.field(&f.name, &resize);
                 if !is_reference {
                     spec.pair = Some(Pairing {
                         with: reference.clone().unwrap_or_default(),
@@ -241,11 +393,7 @@ fn open_dataset(id: u32, c: &DatasetConfig) -> Result<Dataset> {
                 ops.push(op);
                 specs.push(spec);
             }
-            let preprocess = Preprocess::Images {
-                ops,
-                resize: c.resize,
-                crop: c.crop,
-            };
+            let preprocess = Preprocess::Images { ops, resize };
             Dataset::new(
                 id,
                 &c.name,

@@ -136,16 +136,74 @@ pub struct DatasetConfig {
     /// Shorthand, HDF5: an integer dataset [N] served as field "label", as int64.
     #[serde(default)]
     pub labels: Option<String>,
-    /// Images: the shorter side is resized to this many pixels (0: kept as it is)...
+    /// Images: kept (in the tiers) with the shorter side resized to this many pixels, the
+    /// longer in proportion (0: kept at their own size). Every crop is cut from that.
     #[serde(default = "default_resize")]
     pub resize: u32,
-    /// ...then the center crop x crop pixels are kept (0: no crop, so images keep their own
-    /// aspect ratio and the field's H and W vary by sample).
-    #[serde(default = "default_crop")]
-    pub crop: u32,
+    /// Images: ...and the longer side at most this many pixels (torchvision's `max_size`).
+    #[serde(default)]
+    pub max_size: Option<u32>,
+    /// Images: kept at resize x resize instead, whatever their aspect ratio.
+    #[serde(default)]
+    pub square: bool,
+    /// Batches carry crop x crop pixels (of the first image field; paired ones at their
+    /// scale): the center for the eval pipeline, a random box for the train one. 0: no crop,
+    /// images as kept (their H and W vary by sample). Default 224 for image folders; HDF5
+    /// arrays are served at their stored size unless this is set.
+    #[serde(default)]
+    pub crop: Option<u32>,
+    /// The train pipeline, which streams ask for with pipeline = "train": random crops and
+    /// flips, drawn per sample from (seed, epoch, sample id). Absent: the dataset has only the
+    /// eval pipeline.
+    #[serde(default)]
+    pub train: Option<TrainConfig>,
+    /// What a sample whose files do not read or decode does: "skip" (default: it is left out
+    /// of its batch, logged once, counted and listed) or "fail" (the stream ends with an error).
+    #[serde(default)]
+    pub on_error: OnError,
     /// The sample's fields, in order. Without any, the shorthand above applies.
     #[serde(default, rename = "field")]
     pub fields: Vec<FieldConfig>,
+}
+
+/// The train pipeline of a dataset (see `pipeline::augment`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// "random_resized" (torchvision's RandomResizedCrop; default for image folders) or
+    /// "random" (a random crop of the image padded by `padding`; default for HDF5 arrays).
+    #[serde(default)]
+    pub crop: Option<TrainCrop>,
+    /// random_resized: the range of the box's area, as a fraction of the image's.
+    #[serde(default = "default_crop_scale")]
+    pub scale: [f64; 2],
+    /// random_resized: the range of the box's aspect ratio (width / height).
+    #[serde(default = "default_crop_ratio")]
+    pub ratio: [f64; 2],
+    /// random: zeros added on each side before cropping (4 in the CIFAR recipe).
+    #[serde(default)]
+    pub padding: u32,
+    /// Mirror left to right half of the time.
+    #[serde(default = "default_true")]
+    pub flip: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrainCrop {
+    RandomResized,
+    Random,
+}
+
+/// What a sample that does not read or decode does to its stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// Left out of its batch; logged once, counted in the stats and listed by `larder bad`.
+    #[default]
+    Skip,
+    /// The stream ends with an error naming the file.
+    Fail,
 }
 
 /// Where an image folder's field comes from.
@@ -225,7 +283,26 @@ impl FieldConfig {
     }
 }
 
+impl TrainConfig {
+    /// The crop asked for, or the kind's default.
+    pub fn crop_kind(&self, kind: SourceKind) -> TrainCrop {
+        self.crop.unwrap_or(match kind {
+            SourceKind::Images => TrainCrop::RandomResized,
+            SourceKind::Hdf5 => TrainCrop::Random,
+        })
+    }
+}
+
 impl DatasetConfig {
+    /// The side of the crop batches carry: None for no crop.
+    pub fn crop_size(&self) -> Option<u32> {
+        match (self.crop, self.kind) {
+            (Some(0), _) | (None, SourceKind::Hdf5) => None,
+            (Some(c), _) => Some(c),
+            (None, SourceKind::Images) => Some(DEFAULT_IMAGE_CROP),
+        }
+    }
+
     /// The fields to serve: the `[[dataset.field]]` tables, or what the shorthand means.
     pub fn field_configs(&self) -> Vec<FieldConfig> {
         if !self.fields.is_empty() {
@@ -277,8 +354,13 @@ fn default_kind() -> SourceKind {
 fn default_resize() -> u32 {
     256
 }
-fn default_crop() -> u32 {
-    224
+/// The crop of image folders when `crop` is not set.
+pub const DEFAULT_IMAGE_CROP: u32 = 224;
+fn default_crop_scale() -> [f64; 2] {
+    [0.08, 1.0]
+}
+fn default_crop_ratio() -> [f64; 2] {
+    [3.0 / 4.0, 4.0 / 3.0]
 }
 fn default_prefetch_batches() -> usize {
     4
@@ -367,13 +449,36 @@ impl Config {
             if !names.insert(d.name.as_str()) {
                 bail!("dataset name {:?} is declared twice", d.name);
             }
-            if d.kind == SourceKind::Images && d.resize != 0 && d.resize < d.crop {
+            let crop = d.crop_size();
+            if d.kind == SourceKind::Images && d.resize != 0 && crop.is_some_and(|c| d.resize < c) {
                 bail!(
                     "dataset {:?}: need crop <= resize (crop = {}, resize = {})",
                     d.name,
-                    d.crop,
+                    crop.unwrap_or(0),
                     d.resize
                 );
+            }
+            if d.kind == SourceKind::Hdf5 && (d.max_size.is_some() || d.square) {
+                bail!(
+                    "dataset {:?}: max_size and square are for image folders",
+                    d.name
+                );
+            }
+            if let Some(t) = &d.train {
+                let [s0, s1] = t.scale;
+                let [r0, r1] = t.ratio;
+                if !(0.0 < s0 && s0 <= s1 && s1 <= 1.0) {
+                    bail!("dataset {:?}: train.scale = [{s0}, {s1}] must be within (0, 1], smallest first", d.name);
+                }
+                if !(0.0 < r0 && r0 <= r1 && r1.is_finite()) {
+                    bail!(
+                        "dataset {:?}: train.ratio = [{r0}, {r1}] must be positive, smallest first",
+                        d.name
+                    );
+                }
+                if t.crop_kind(d.kind) == TrainCrop::RandomResized && crop.is_none() {
+                    bail!("dataset {:?}: a random_resized train crop needs `crop` (the size boxes are resized to)", d.name);
+                }
             }
             if !d.fields.is_empty() && (d.samples.is_some() || d.labels.is_some()) {
                 bail!(
@@ -441,7 +546,13 @@ mod tests {
         assert_eq!(c.memory.expansion_factor, 2.0);
         assert_eq!(c.scratch.budget_bytes, Some(5000));
         assert_eq!(c.datasets[1].kind, SourceKind::Images);
-        assert_eq!((c.datasets[1].resize, c.datasets[1].crop), (256, 200));
+        assert_eq!(
+            (c.datasets[1].resize, c.datasets[1].crop_size()),
+            (256, Some(200))
+        );
+        assert_eq!(c.datasets[0].crop_size(), None, "HDF5 arrays as stored");
+        assert_eq!(c.datasets[1].on_error, OnError::Skip);
+        assert!(c.datasets[1].train.is_none());
     }
 
     #[test]
@@ -457,6 +568,27 @@ mod tests {
         let crop = "listen=\"a\"\n[[dataset]]\nname=\"i\"\nkind=\"images\"\npath=\"p\"\nresize=100\ncrop=120";
         let err = format!("{:#}", Config::parse(crop).unwrap_err());
         assert!(err.contains("crop <= resize"), "{err}");
+        let base = "listen=\"a\"\n[[dataset]]\nname=\"i\"\nkind=\"images\"\npath=\"p\"\n";
+        let c = Config::parse(&format!(
+            "{base}on_error=\"fail\"\n[dataset.train]\nflip=false"
+        ))
+        .unwrap();
+        let t = c.datasets[0].train.as_ref().unwrap();
+        assert_eq!(
+            (t.crop_kind(SourceKind::Images), t.scale, t.flip),
+            (TrainCrop::RandomResized, [0.08, 1.0], false)
+        );
+        assert_eq!(c.datasets[0].on_error, OnError::Fail);
+        assert_eq!(c.datasets[0].crop_size(), Some(224));
+        for (bad, says) in [
+            ("[dataset.train]\nscale=[0.5, 0.1]", "smallest first"),
+            ("[dataset.train]\nratio=[0, 1]", "positive"),
+            ("crop=0\n[dataset.train]", "needs `crop`"),
+            ("[dataset.train]\ncrop=\"sideways\"", "unknown variant"),
+        ] {
+            let err = format!("{:#}", Config::parse(&format!("{base}{bad}")).unwrap_err());
+            assert!(err.contains(says), "{bad}: {err}");
+        }
         let both = "listen=\"a\"\n[[dataset]]\nname=\"i\"\npath=\"p\"\nlabels=\"y\"\n[[dataset.field]]\nname=\"x\"";
         let err = format!("{:#}", Config::parse(both).unwrap_err());
         assert!(err.contains("not both"), "{err}");

@@ -10,7 +10,7 @@ pub mod demo;
 pub mod fields;
 pub mod memory;
 pub mod metrics;
-pub mod preprocess;
+pub mod pipeline;
 pub mod sampler;
 pub mod scratch;
 pub mod server;

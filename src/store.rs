@@ -1,8 +1,11 @@
 //! Sample lookup through the tiers: memory -> scratch -> raw source + preprocess, filling the
 //! tiers on the way. Concurrent requests for one sample share one fetch; disk reads and
-//! preprocessing run on a bounded pool of worker threads.
+//! preprocessing run on a bounded pool of worker threads. A sample whose files do not read or
+//! decode is, by the dataset's `on_error`, skipped (recorded once and not tried again while the
+//! daemon runs) or an error.
 
 use crate::catalog::Dataset;
+use crate::config::OnError;
 use crate::memory::{Key, MemoryTier};
 use crate::metrics::{Metrics, Tier};
 use crate::scratch::ScratchTier;
@@ -16,7 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, Semaphore};
 
-type Fetch = Shared<BoxFuture<'static, Result<Bytes, Arc<anyhow::Error>>>>;
+/// A fetch in flight: the sample's bytes, or None for a sample skipped as bad.
+type Fetch = Shared<BoxFuture<'static, Result<Option<Bytes>, Arc<anyhow::Error>>>>;
 
 pub struct Store {
     pub memory: Arc<MemoryTier>,
@@ -47,12 +51,16 @@ impl Store {
         })
     }
 
-    /// The preprocessed bytes of sample `index` of `ds`.
-    pub async fn get(self: &Arc<Self>, ds: &Arc<Dataset>, index: u64) -> Result<Bytes> {
+    /// The preprocessed bytes of sample `index` of `ds`; None when the sample is skipped because
+    /// its files do not read or decode (on_error = "skip").
+    pub async fn get(self: &Arc<Self>, ds: &Arc<Dataset>, index: u64) -> Result<Option<Bytes>> {
         let key = (ds.id, index);
         if let Some(data) = self.memory.get(&key) {
             self.metrics.record_hit(Tier::Memory, data.len() as u64);
-            return Ok(data);
+            return Ok(Some(data));
+        }
+        if ds.is_bad(index) {
+            return Ok(None);
         }
         let fetch = {
             let mut inflight = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
@@ -66,7 +74,7 @@ impl Store {
                     // the memory tier before leaving `inflight`: look again.
                     if let Some(data) = self.memory.peek(&key) {
                         self.metrics.record_hit(Tier::Memory, data.len() as u64);
-                        return Ok(data);
+                        return Ok(Some(data));
                     }
                     // The fetch runs as its own task: it finishes (and fills the tiers) even if
                     // every client waiting on it goes away, and never sits half-done holding a
@@ -90,29 +98,37 @@ impl Store {
         self: Arc<Self>,
         ds: Arc<Dataset>,
         index: u64,
-    ) -> Result<Bytes, Arc<anyhow::Error>> {
+    ) -> Result<Option<Bytes>, Arc<anyhow::Error>> {
         let key = (ds.id, index);
-        let result = self.load(&ds, index).await;
-        let result = result.map(|(data, tier, bytes_read)| {
-            self.metrics.record_hit(tier, bytes_read);
-            self.memory
-                .insert(key, data.clone(), ds.source.disk_bytes_of(index));
-            data
-        });
+        let result = match self.load(&ds, index).await {
+            Ok(Ok((data, tier, bytes_read))) => {
+                self.metrics.record_hit(tier, bytes_read);
+                self.memory
+                    .insert(key, data.clone(), ds.source.disk_bytes_of(index));
+                Ok(Some(data))
+            }
+            // The sample's own files failed: skipped, or the stream's error.
+            Ok(Err(bad)) if ds.on_error == OnError::Skip => {
+                ds.mark_bad(index, &bad);
+                Ok(None)
+            }
+            Ok(Err(e)) | Err(e) => Err(Arc::new(e)),
+        };
         self.inflight
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&key);
-        result.map_err(Arc::new)
+        result
     }
 
-    /// The sample through the scratch and raw tiers, on the worker pool.
-    async fn load(&self, ds: &Arc<Dataset>, index: u64) -> Result<(Bytes, Tier, u64)> {
+    /// The sample through the scratch and raw tiers, on the worker pool. The outer error is
+    /// the daemon's (the pool); the inner one the sample's (its files do not read or decode).
+    async fn load(&self, ds: &Arc<Dataset>, index: u64) -> Result<Result<(Bytes, Tier, u64)>> {
         let _permit = self.workers.acquire().await.context("worker pool closed")?;
         let (ds, locks) = (ds.clone(), self.granule_locks.clone());
         tokio::task::spawn_blocking(move || load_blocking(&ds, &locks, index))
             .await
-            .context("worker task failed")?
+            .context("worker task failed")
     }
 
     /// Preprocesses every sample of `ds` missing from its scratch tier into it, reporting
@@ -145,9 +161,10 @@ impl Store {
             })
             .buffer_unordered(self.num_workers);
         while let Some(chunk) = chunks.next().await {
-            let (written, present, count) = chunk?;
+            let (written, present, bad, count) = chunk?;
             state.written += written;
             state.present += present;
+            state.bad += bad;
             state.done += count;
             if progress.send(state).await.is_err() {
                 anyhow::bail!(
@@ -182,40 +199,54 @@ pub struct WarmProgress {
     pub written: u64,
     /// Samples that were already in the scratch tier.
     pub present: u64,
+    /// Samples whose files do not read or decode (skipped, or the warm's error).
+    pub bad: u64,
 }
 
-/// Warms samples `start..start + count`: (written, already present, count).
-fn warm_chunk(ds: &Dataset, start: u64, count: u64) -> Result<(u64, u64, u64)> {
+/// Warms samples `start..start + count`: (written, already present, bad, count).
+fn warm_chunk(ds: &Dataset, start: u64, count: u64) -> Result<(u64, u64, u64, u64)> {
     let scratch = ds.scratch.as_ref().context("no scratch tier")?;
     let missing: Vec<u64> = (start..start + count)
         .filter(|&i| !scratch.contains(i))
         .collect();
     if missing.is_empty() {
-        return Ok((0, count, count));
+        return Ok((0, count, 0, count));
     }
-    // One range read beats many single reads when most of the range is needed.
-    let raw: Vec<(u64, RawSample)> = if missing.len() as u64 * 2 > count {
-        let all = ds.source.read_range(start, count)?;
-        (start..start + count)
+    // One range read beats many single reads when most of the range is needed; a range with a
+    // file that does not read is read sample by sample, to find which.
+    let range = (missing.len() as u64 * 2 > count)
+        .then(|| ds.source.read_range(start, count).ok())
+        .flatten();
+    let raw: Vec<(u64, Result<RawSample>)> = match range {
+        Some(all) => (start..start + count)
             .zip(all)
             .filter(|(i, _)| missing.binary_search(i).is_ok())
-            .collect()
-    } else {
-        missing
-            .iter()
-            .map(|&i| Ok((i, ds.source.read(i)?)))
-            .collect::<Result<_>>()?
+            .map(|(i, r)| (i, Ok(r)))
+            .collect(),
+        None => missing.iter().map(|&i| (i, ds.source.read(i))).collect(),
     };
-    for (i, bytes) in raw {
-        let data = ds.prepare(i, bytes)?;
+    let (mut written, mut bad) = (0, 0);
+    for (i, sample) in raw {
+        let prepared = sample
+            .with_context(|| format!("reading {}", ds.source.sample_name(i)))
+            .and_then(|raw| ds.prepare(i, raw));
+        let data = match prepared {
+            Ok(d) => d,
+            Err(e) if ds.on_error == OnError::Skip => {
+                ds.mark_bad(i, &e);
+                bad += 1;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         anyhow::ensure!(
             scratch.write(i, &data),
             "the scratch tier stopped taking samples at sample {i} of {:?} (budget or disk full; see the daemon's log)",
             ds.name
         );
+        written += 1;
     }
-    let written = missing.len() as u64;
-    Ok((written, count - written, count))
+    Ok((written, count - written - bad, bad, count))
 }
 
 /// The sample from the scratch tier, or else from raw storage, preprocessed and written to the
@@ -242,10 +273,13 @@ fn load_blocking(ds: &Dataset, locks: &[Mutex<()>], index: u64) -> Result<(Bytes
             load_granule(ds, scratch, index)?
         }
         _ => {
-            let raw = ds
-                .source
-                .read(index)
-                .with_context(|| format!("fetching sample {index} of dataset {:?}", ds.name))?;
+            let raw = ds.source.read(index).with_context(|| {
+                format!(
+                    "reading {} of dataset {:?}",
+                    ds.source.sample_name(index),
+                    ds.name
+                )
+            })?;
             let raw_bytes = raw_size(&raw);
             let data = ds.prepare(index, raw)?;
             if let Some(scratch) = &ds.scratch {
@@ -265,13 +299,20 @@ fn load_granule(ds: &Dataset, scratch: &ScratchTier, index: u64) -> Result<(Vec<
     let granule = ds.source.read_granule();
     let start = index / granule * granule;
     let count = granule.min(ds.len() - start);
-    let mut raw = ds.source.read_range(start, count).with_context(|| {
-        format!(
-            "fetching samples {start}..{} of dataset {:?}",
-            start + count,
-            ds.name
-        )
-    })?;
+    let Ok(mut raw) = ds.source.read_range(start, count) else {
+        // A file of the range does not read: this sample alone (its own error, if it is one).
+        let raw = ds.source.read(index).with_context(|| {
+            format!(
+                "reading {} of dataset {:?}",
+                ds.source.sample_name(index),
+                ds.name
+            )
+        })?;
+        let raw_bytes = raw_size(&raw);
+        let data = ds.prepare(index, raw)?;
+        scratch.write(index, &data);
+        return Ok((data, raw_bytes));
+    };
     let raw_bytes = raw.iter().map(raw_size).sum();
     let data = ds.prepare(index, std::mem::take(&mut raw[(index - start) as usize]))?;
     scratch.write(index, &data);

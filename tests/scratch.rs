@@ -8,7 +8,8 @@ use larder::client::{collect_batches, connect};
 use larder::config::Config;
 use larder::demo::make_dataset;
 use larder::fields::Value;
-use larder::preprocess::{FieldOp, Preprocess};
+use larder::fields::{DType, FieldSpec, Resample};
+use larder::pipeline::{Crop, FieldOp, Pipeline, Preprocess, Resize, Spatial};
 use larder::proto::{Batch, StreamBatchesRequest, WarmProgress, WarmRequest};
 use larder::server::Daemon;
 use std::os::unix::fs::FileExt;
@@ -285,10 +286,27 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
     let d = Daemon::start(config).await.unwrap();
     let p = Preprocess::Images {
         ops: vec![FieldOp::rgb()],
-        resize: 16,
-        crop: 12,
+        resize: Resize {
+            shorter: 16,
+            max_size: None,
+            square: false,
+        },
+    };
+    // Batches carry the center 12x12 of the image kept at shorter side 16.
+    let center = Pipeline {
+        crop: Crop::Center,
+        flip: false,
+        size: Some((12, 12)),
+        spatial: vec![Some(Spatial {
+            scale: 1,
+            resample: Resample::Linear,
+        })],
+        reference: 0,
     };
     let mut c = connect(&d.client_addr()).await.unwrap();
+    // Bytes the tiers keep of every sample: its record (the kept image's H and W as u32s, its
+    // pixels, its label).
+    let mut kept_bytes = 0u64;
     for epoch in 0..2 {
         let req = StreamBatchesRequest {
             dataset: "pets".into(),
@@ -304,12 +322,22 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
             for (k, &id) in b.sample_ids.iter().enumerate() {
                 let (path, label) = &files[id as usize];
                 let file = std::fs::read(path).unwrap();
-                let want = p
+                let kept = p
                     .apply(vec![Value::new(vec![file.len() as u32], file)])
+                    .unwrap();
+                let dims = &kept[0].dims;
+                if epoch == 0 {
+                    kept_bytes += 16 + kept[0].data.len() as u64 + larder::memory::ENTRY_OVERHEAD;
+                }
+                let cut = center.cut(0, 0, id, (dims[1], dims[2]));
+                let spec = FieldSpec::new("image", DType::Uint8, vec![Some(3), None, None]);
+                let mut want = vec![0u8; 432];
+                center
+                    .apply(0, &spec, dims, &kept[0].data, &cut, &mut want)
                     .unwrap();
                 assert_eq!(
                     &b.data[k * 432..(k + 1) * 432],
-                    &want[0].data[..],
+                    &want[..],
                     "{}",
                     path.display()
                 );
@@ -329,24 +357,47 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
         .sum();
     // The raw tier gave each file and its class label (8 bytes).
     assert_eq!(bytes_read(&s, "raw"), raw_bytes + 15 * 8);
-    // Each sample is its image and its int64 label.
-    let expected = (15 * (432 + 8 + larder::memory::ENTRY_OVERHEAD)) as f64 / raw_bytes as f64;
-    assert!((s.measured_expansion_factor - expected).abs() < 1e-9);
+    let expected = kept_bytes as f64 / raw_bytes as f64;
+    assert!(
+        (s.measured_expansion_factor - expected).abs() < 1e-9,
+        "{} vs {expected}",
+        s.measured_expansion_factor
+    );
 
-    // A file that is not an image fails the stream with a message naming the sample.
+    // A file that is not an image is skipped (and listed), by default...
     std::fs::write(root.join("dog/img999.jpg"), b"garbage").unwrap();
-    let config = Config::parse(&format!(
-        "listen = \"127.0.0.1:0\"\n[scratch]\nenabled = false\n[[dataset]]\nname = \"pets\"\nkind = \"images\"\npath = {root:?}\nresize = 16\ncrop = 12\n"
-    ))
-    .unwrap();
-    let d2 = Daemon::start(config).await.unwrap();
-    let mut c2 = connect(&d2.client_addr()).await.unwrap();
+    let config = |on_error: &str| {
+        Config::parse(&format!(
+            "listen = \"127.0.0.1:0\"\n[scratch]\nenabled = false\n[[dataset]]\nname = \"pets\"\nkind = \"images\"\npath = {root:?}\nresize = 16\ncrop = 12\non_error = {on_error:?}\n"
+        ))
+        .unwrap()
+    };
     let req = StreamBatchesRequest {
         dataset: "pets".into(),
         batch_size: 16,
         sequential: true,
         ..Default::default()
     };
+    let d2 = Daemon::start(config("skip")).await.unwrap();
+    let mut c2 = connect(&d2.client_addr()).await.unwrap();
+    let batches = collect_batches(&mut c2, req.clone()).await.unwrap();
+    assert_eq!(batches.len(), 1);
+    assert_eq!(batches[0].sample_ids.len(), 15, "sample 10 left out");
+    assert!(!batches[0].sample_ids.contains(&10));
+    assert_eq!(batches[0].shape, vec![15, 3, 12, 12]);
+    assert_eq!(stats(&d2).await.bad_samples, 1);
+    let bad = c2
+        .list_bad_samples(larder::proto::ListBadSamplesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .samples;
+    assert_eq!(bad.len(), 1);
+    assert_eq!((bad[0].dataset.as_str(), bad[0].index), ("pets", 10));
+    assert!(bad[0].error.contains("img999.jpg"), "{}", bad[0].error);
+    // ...and fails the stream with a message naming it under on_error = "fail".
+    let d2 = Daemon::start(config("fail")).await.unwrap();
+    let mut c2 = connect(&d2.client_addr()).await.unwrap();
     let err = collect_batches(&mut c2, req).await.unwrap_err();
     let status = err.downcast_ref::<tonic::Status>().expect("a gRPC status");
     assert_eq!(status.code(), Code::Internal);

@@ -4,12 +4,13 @@
 use super::daemon::until_stopped;
 use super::shm::{Peer, Ring, Rings};
 use super::stream::{assemble, slot_offsets, MeteredStream, Selection, MAX_BATCH_BYTES};
-use crate::catalog::{Catalog, Dataset};
+use crate::catalog::{Catalog, Dataset, PipelineKind};
 use crate::config::Config;
 use crate::proto::larder_server::Larder;
 use crate::proto::{
-    Batch, DatasetInfo, GetStatsRequest, ListDatasetsRequest, ListDatasetsResponse, Stats,
-    StreamBatchesRequest, StreamPlan, VariableLayout, WarmProgress, WarmRequest,
+    BadSample, Batch, DatasetInfo, GetStatsRequest, ListBadSamplesRequest, ListBadSamplesResponse,
+    ListDatasetsRequest, ListDatasetsResponse, Stats, StreamBatchesRequest, StreamPlan,
+    VariableLayout, WarmProgress, WarmRequest,
 };
 use crate::sampler::{Plan, PlanRequest};
 use crate::store::Store;
@@ -104,8 +105,8 @@ impl Service {
                 req.variable_layout
             ))
         })?;
-        let sel =
-            Selection::new(&ds.schema, &req.fields, layout, req.layout_version).map_err(|e| {
+        let mut sel =
+            Selection::new(&ds.served, &req.fields, layout, req.layout_version).map_err(|e| {
                 let status = if req.layout_version == 0 && req.fields.is_empty() {
                     Status::failed_precondition
                 } else {
@@ -113,6 +114,20 @@ impl Service {
                 };
                 status(format!("dataset {:?}: {e}", ds.name))
             })?;
+        let kind = match req.pipeline.as_str() {
+            "" | "eval" => PipelineKind::Eval,
+            "train" => PipelineKind::Train,
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "pipeline {other:?} is unknown: ask for \"train\" or \"eval\""
+                )))
+            }
+        };
+        sel.pipeline = ds
+            .pipeline(kind)
+            .map_err(Status::failed_precondition)?
+            .cloned();
+        (sel.seed, sel.epoch) = (req.seed, req.epoch);
         if req.batch_size > self.max_batch_size {
             return Err(Status::invalid_argument(format!(
                 "batch_size {} is larger than the daemon's max_batch_size {}",
@@ -122,7 +137,7 @@ impl Service {
         let fixed: Option<u64> = sel
             .fields
             .iter()
-            .map(|&f| ds.schema.fields[f].fixed_bytes())
+            .map(|&f| ds.served.fields[f].fixed_bytes())
             .sum();
         let batch_bytes = req.batch_size as u64 * fixed.unwrap_or(0);
         if batch_bytes > MAX_BATCH_BYTES {
@@ -164,6 +179,29 @@ impl Larder for Service {
         Ok(Response::new(ListDatasetsResponse { datasets }))
     }
 
+    async fn list_bad_samples(
+        &self,
+        request: Request<ListBadSamplesRequest>,
+    ) -> Result<Response<ListBadSamplesResponse>, Status> {
+        let name = request.into_inner().dataset;
+        let datasets: Vec<Arc<Dataset>> = if name.is_empty() {
+            self.catalog.iter().cloned().collect()
+        } else {
+            vec![self.dataset(&name)?]
+        };
+        let samples = datasets
+            .iter()
+            .flat_map(|d| {
+                d.bad_samples().into_iter().map(|(index, error)| BadSample {
+                    dataset: d.name.clone(),
+                    index,
+                    error,
+                })
+            })
+            .collect();
+        Ok(Response::new(ListBadSamplesResponse { samples }))
+    }
+
     async fn get_stats(&self, _: Request<GetStatsRequest>) -> Result<Response<Stats>, Status> {
         let mem = self.store.memory.snapshot();
         let (shm_rings, shm_bytes, shm_budget_bytes) = self.rings.snapshot();
@@ -191,6 +229,11 @@ impl Larder for Service {
             shm_rings,
             shm_bytes,
             shm_budget_bytes,
+            bad_samples: self
+                .catalog
+                .iter()
+                .map(|d| d.bad_samples().len() as u64)
+                .sum(),
             ..self.store.metrics.to_proto()
         }))
     }
@@ -263,7 +306,7 @@ impl Larder for Service {
             .fields
             .iter()
             .map(|&f| {
-                let bytes = ds.schema.fields[f].fixed_bytes()?;
+                let bytes = ds.served.fields[f].fixed_bytes()?;
                 Some(req.batch_size as usize * bytes as usize)
             })
             .collect();
@@ -386,5 +429,6 @@ fn to_proto(p: crate::store::WarmProgress) -> WarmProgress {
         total: p.total,
         written: p.written,
         present: p.present,
+        bad: p.bad,
     }
 }

@@ -5,6 +5,7 @@ use super::shm::{Ring, Slot};
 use crate::catalog::Dataset;
 use crate::fields::{FieldSpec, Schema};
 use crate::metrics::Metrics;
+use crate::pipeline::{Cut, Pipeline};
 use crate::proto::{Batch, FieldBatch, VariableLayout};
 use crate::sampler::Plan;
 use crate::store::Store;
@@ -29,6 +30,11 @@ pub struct Selection {
     pub layout: VariableLayout,
     /// Layout version 0: the first field as Batch.data and a "label" field as Batch.labels.
     pub legacy: Option<Legacy>,
+    /// How samples are cut from the stored ones (None: served as stored), and the stream's
+    /// seed and epoch, which draw the cuts of the train pipeline.
+    pub pipeline: Option<Pipeline>,
+    pub seed: u64,
+    pub epoch: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -97,23 +103,92 @@ impl Selection {
             fields,
             layout,
             legacy,
+            pipeline: None,
+            seed: 0,
+            epoch: 0,
         })
     }
 }
 
-/// Reads the samples of batch `b` through the store and packs each selected field into one
-/// contiguous buffer: into a slot of the stream's shared-memory ring when it has a free one the
-/// batch fits in, else into the message. Returns the batch and the slot it went into.
+/// Reads the samples of batch `b` through the store (leaving out samples skipped as bad), and
+/// packs each selected field into one contiguous buffer, each sample cut by the stream's
+/// pipeline: into a slot of the stream's shared-memory ring when it has a free one the batch
+/// fits in, else into the message. Returns the batch and the slot it went into.
 pub async fn assemble(
     store: &Arc<Store>,
     ds: &Arc<Dataset>,
     plan: &Plan,
-    sel: &Selection,
+    sel: &Arc<Selection>,
     b: u64,
     ring: Option<&Arc<Ring>>,
 ) -> Result<(Batch, Option<Slot>)> {
-    let ids = plan.batch(b);
-    let samples = futures::future::try_join_all(ids.iter().map(|&i| store.get(ds, i))).await?;
+    let planned = plan.batch(b);
+    let fetched = futures::future::try_join_all(planned.iter().map(|&i| store.get(ds, i))).await?;
+    let (ids, samples): (Vec<u64>, Vec<Bytes>) = planned
+        .iter()
+        .zip(fetched)
+        .filter_map(|(&i, s)| s.map(|s| (i, s)))
+        .unzip();
+    let slot = match ring {
+        Some(r) => r.claim_for(b).await,
+        None => None,
+    };
+    let shm = ring.is_some();
+    let (fields, slot, ids) = if sel.pipeline.is_some() {
+        // Cutting (and resampling) is CPU work: off the async threads, batches in parallel.
+        let (ds, sel, metrics) = (ds.clone(), sel.clone(), store.metrics.clone());
+        tokio::task::spawn_blocking(move || {
+            let (fields, slot) =
+                pack_batch(&ds, &sel, &ids, &samples, slot, shm.then_some(&*metrics), b)?;
+            Ok::<_, anyhow::Error>((fields, slot, ids))
+        })
+        .await
+        .context("batch assembly failed")??
+    } else {
+        let metrics = shm.then_some(&*store.metrics);
+        let (fields, slot) = pack_batch(ds, sel, &ids, &samples, slot, metrics, b)?;
+        (fields, slot, ids)
+    };
+    let mut batch = Batch {
+        batch_index: b,
+        num_batches: plan.num_batches,
+        sample_ids: ids,
+        slot: slot.as_ref().map_or(0, |s| s.index() + 1),
+        step: plan.steps[b as usize],
+        resume_sample: plan.resume_sample(b),
+        ..Default::default()
+    };
+    match sel.legacy {
+        None => batch.fields = fields,
+        Some(legacy) => {
+            let mut fields = fields.into_iter();
+            let first = fields.next().context("no field")?;
+            batch.shape = first.shape.iter().map(|&d| d as u32).collect();
+            batch.data = first.data;
+            if let (Some(label), Some(_)) = (fields.next(), legacy.label) {
+                batch.labels = label
+                    .data
+                    .chunks_exact(8)
+                    .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+                    .collect();
+            }
+        }
+    }
+    Ok((batch, slot))
+}
+
+/// The selected fields of samples `ids` (their records `samples`), each as one contiguous
+/// buffer: in `slot` if it is large enough (else the slot is let go and the bytes go in the
+/// messages). `metrics`, for streams with a ring: counts where the batch went.
+fn pack_batch(
+    ds: &Dataset,
+    sel: &Selection,
+    ids: &[u64],
+    samples: &[Bytes],
+    mut slot: Option<Slot>,
+    metrics: Option<&Metrics>,
+    b: u64,
+) -> Result<(Vec<FieldBatch>, Option<Slot>)> {
     let fixed = ds.schema.fixed_ranges();
     let records = match &fixed {
         Some(_) => {
@@ -139,7 +214,7 @@ pub async fn assemble(
             })
             .collect::<Result<Vec<_>>>()?,
     };
-    // Field f's value of every sample, as (variable dims, bytes).
+    // Stored field f's value of every sample, as (variable dims, bytes).
     let values = |f: usize| -> Vec<(&[u32], &[u8])> {
         match &fixed {
             Some(ranges) => samples
@@ -152,33 +227,83 @@ pub async fn assemble(
                 .collect(),
         }
     };
+    // All dims of stored field f of sample k.
+    let dims = |f: usize, k: usize| -> Vec<u32> {
+        match &fixed {
+            Some(_) => ds.schema.fields[f]
+                .shape
+                .iter()
+                .map(|d| d.unwrap_or(0))
+                .collect(),
+            None => records[k][f].dims.clone(),
+        }
+    };
+    // Each sample's cut, drawn in the reference field's (H, W).
+    let cuts: Option<(&Pipeline, Vec<Cut>)> = sel.pipeline.as_ref().map(|p| {
+        let cuts = ids
+            .iter()
+            .enumerate()
+            .map(|(k, &id)| {
+                let d = dims(p.reference, k);
+                let n = d.len();
+                p.cut(sel.seed, sel.epoch, id, (d[n - 2], d[n - 1]))
+            })
+            .collect();
+        (p, cuts)
+    });
     let fields: Vec<_> = sel
         .fields
         .iter()
         .map(|&f| {
             let v = values(f);
-            let layout = FieldLayout::new(&ds.schema.fields[f], &v, sel.layout);
-            (v, layout)
+            let layout = FieldLayout::new(&ds.served.fields[f], &v, sel.layout);
+            (f, v, layout)
         })
         .collect();
-    let (offsets, at) = slot_offsets(fields.iter().map(|(_, l)| l.bytes));
-    let mut slot = match ring {
-        Some(r) => r.claim_for(b).await,
-        None => None,
-    };
+    let (offsets, at) = slot_offsets(fields.iter().map(|(_, _, l)| l.bytes));
     if slot.as_ref().is_some_and(|s| s.capacity() < at) {
         slot = None; // a variable batch larger than the slots: this one goes in the message
     }
-    if ring.is_some() {
-        store.metrics.record_shm(slot.is_some());
+    if let Some(m) = metrics {
+        m.record_shm(slot.is_some());
     }
+    // Writes field f's values into dst: cut by the pipeline, or as stored.
+    let write =
+        |f: usize, v: &[(&[u32], &[u8])], layout: &FieldLayout, dst: &mut [u8]| -> Result<()> {
+            match &cuts {
+                Some((p, cuts)) if p.spatial[f].is_some() => {
+                    let per = layout.bytes / v.len().max(1);
+                    for (k, ((_, data), cut)) in v.iter().zip(cuts).enumerate() {
+                        p.apply(
+                            f,
+                            &ds.schema.fields[f],
+                            &dims(f, k),
+                            data,
+                            cut,
+                            &mut dst[k * per..(k + 1) * per],
+                        )
+                        .with_context(|| format!("cutting sample {} of {:?}", ids[k], ds.name))?;
+                    }
+                    Ok(())
+                }
+                _ => {
+                    layout.write(v, dst);
+                    Ok(())
+                }
+            }
+        };
     let mut out = Vec::with_capacity(fields.len());
     let mut bytes = 0u64;
-    for ((v, layout), &off) in fields.into_iter().zip(&offsets) {
+    for ((f, v, layout), &off) in fields.into_iter().zip(&offsets) {
         let mut batch = layout.batch.clone();
         match slot.as_mut() {
             Some(slot) => {
-                layout.write(&v, &mut slot.bytes_mut()[off..off + layout.bytes]);
+                write(
+                    f,
+                    &v,
+                    &layout,
+                    &mut slot.bytes_mut()[off..off + layout.bytes],
+                )?;
                 batch.slot_offset = off as u64;
                 batch.slot_bytes = layout.bytes as u64;
             }
@@ -189,37 +314,19 @@ pub async fn assemble(
                     "batch {b} of {:?} takes over {MAX_BATCH_BYTES} bytes, more than one message may carry: ask for a smaller batch_size",
                     ds.name
                 );
-                batch.data = layout.to_bytes(&v);
+                batch.data = match &cuts {
+                    Some((p, _)) if p.spatial[f].is_some() => {
+                        let mut data = vec![0u8; layout.bytes];
+                        write(f, &v, &layout, &mut data)?;
+                        Bytes::from(data)
+                    }
+                    _ => layout.to_bytes(&v),
+                };
             }
         }
         out.push(batch);
     }
-    let mut batch = Batch {
-        batch_index: b,
-        num_batches: plan.num_batches,
-        sample_ids: ids.to_vec(),
-        slot: slot.as_ref().map_or(0, |s| s.index() + 1),
-        step: plan.steps[b as usize],
-        resume_sample: plan.resume_sample(b),
-        ..Default::default()
-    };
-    match sel.legacy {
-        None => batch.fields = out,
-        Some(legacy) => {
-            let mut fields = out.into_iter();
-            let first = fields.next().context("no field")?;
-            batch.shape = first.shape.iter().map(|&d| d as u32).collect();
-            batch.data = first.data;
-            if let (Some(label), Some(_)) = (fields.next(), legacy.label) {
-                batch.labels = label
-                    .data
-                    .chunks_exact(8)
-                    .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
-                    .collect();
-            }
-        }
-    }
-    Ok((batch, slot))
+    Ok((out, slot))
 }
 
 /// Where each field of a batch goes in a shared-memory slot, given the fields' sizes: one after

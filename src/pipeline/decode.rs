@@ -1,0 +1,337 @@
+//! Image files to pixels: JPEG through libjpeg-turbo (with its DCT-domain scaling when the image
+//! is to be shrunk by half or more), PNG through the `image` crate. Every file becomes 8-bit RGB
+//! or 8-bit grey, as torchvision's `ImageFolder` would give it (PIL's `convert("RGB")`):
+//! greyscale is repeated into three channels, CMYK is converted, alpha is dropped and 16-bit
+//! samples are scaled to 8. A file that does not decode whole (truncated, or not an image) is an
+//! error: the caller decides whether that skips the sample.
+
+use anyhow::{bail, ensure, Context, Result};
+use std::cell::RefCell;
+use std::ffi::CStr;
+use turbojpeg::raw;
+
+/// Pixels, interleaved: `channels` bytes per pixel, row after row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pixels {
+    pub width: u32,
+    pub height: u32,
+    /// 3 (RGB) or 1 (grey).
+    pub channels: u32,
+    pub data: Vec<u8>,
+}
+
+/// Decodes `encoded` to RGB (`grey`: to one grey channel). `at_least`: the caller will shrink
+/// the image until its shorter side is this long, so a JPEG may be decoded at 1/2, 1/4 or 1/8
+/// of its size (DCT-domain scaling, much cheaper than decoding whole) as long as its shorter
+/// side stays at least that long. None: full size.
+pub fn decode(encoded: &[u8], grey: bool, at_least: Option<u32>) -> Result<Pixels> {
+    if encoded.starts_with(&[0xFF, 0xD8]) {
+        return decode_jpeg(encoded, grey, at_least);
+    }
+    let img = image::load_from_memory(encoded).context("not a JPEG, and not a PNG that decodes")?;
+    let (width, height) = (img.width(), img.height());
+    Ok(if grey {
+        Pixels {
+            width,
+            height,
+            channels: 1,
+            data: img.into_luma8().into_raw(),
+        }
+    } else {
+        Pixels {
+            width,
+            height,
+            channels: 3,
+            data: img.into_rgb8().into_raw(),
+        }
+    })
+}
+
+/// The (W, H) of an image file from its header, when it is a JPEG or PNG whose header reads.
+pub fn dimensions(encoded: &[u8]) -> Option<(u32, u32)> {
+    if encoded.starts_with(&[0xFF, 0xD8]) {
+        return with_decompressor(|h| Ok(jpeg_header(h, encoded)?.0)).ok();
+    }
+    image::ImageReader::new(std::io::Cursor::new(encoded))
+        .with_guessed_format()
+        .ok()?
+        .into_dimensions()
+        .ok()
+}
+
+/// A TurboJPEG decompressor, one per thread (creating one costs more than a small decode).
+struct Handle(raw::tjhandle);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from tjInitDecompress and is destroyed once.
+        unsafe { raw::tjDestroy(self.0) };
+    }
+}
+
+thread_local! {
+    static DECOMPRESSOR: RefCell<Option<Handle>> = const { RefCell::new(None) };
+}
+
+/// The scaling libjpeg-turbo applies fast (in the IDCT): 1/8, 1/4, 1/2, 1.
+const DCT_SCALES: [u32; 4] = [8, 4, 2, 1];
+
+fn decode_jpeg(encoded: &[u8], grey: bool, at_least: Option<u32>) -> Result<Pixels> {
+    with_decompressor(|h| decode_jpeg_with(h, encoded, grey, at_least))
+}
+
+fn with_decompressor<T>(f: impl FnOnce(raw::tjhandle) -> Result<T>) -> Result<T> {
+    DECOMPRESSOR.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        if cell.is_none() {
+            // SAFETY: no arguments; a null handle is checked.
+            let h = unsafe { raw::tjInitDecompress() };
+            ensure!(!h.is_null(), "libjpeg-turbo could not make a decompressor");
+            *cell = Some(Handle(h));
+        }
+        let handle = cell.as_ref().map(|h| h.0).unwrap_or(std::ptr::null_mut());
+        f(handle)
+    })
+}
+
+/// The JPEG's ((W, H), colorspace).
+fn jpeg_header(h: raw::tjhandle, encoded: &[u8]) -> Result<((u32, u32), i32)> {
+    let len = libc::c_ulong::try_from(encoded.len()).context("JPEG too large")?;
+    let (mut w, mut hgt, mut subsamp, mut colorspace) = (0, 0, 0, 0);
+    // SAFETY: `encoded` is valid for `len` bytes; the outputs are plain ints.
+    let rc = unsafe {
+        raw::tjDecompressHeader3(
+            h,
+            encoded.as_ptr(),
+            len,
+            &mut w,
+            &mut hgt,
+            &mut subsamp,
+            &mut colorspace,
+        )
+    };
+    if rc != 0 {
+        bail!("not a JPEG that decodes: {}", error(h));
+    }
+    ensure!(w > 0 && hgt > 0, "JPEG of {w}x{hgt} pixels");
+    Ok(((w as u32, hgt as u32), colorspace))
+}
+
+fn decode_jpeg_with(
+    h: raw::tjhandle,
+    encoded: &[u8],
+    grey: bool,
+    at_least: Option<u32>,
+) -> Result<Pixels> {
+    let ((w, hgt), colorspace) = jpeg_header(h, encoded)?;
+    let len = encoded.len() as libc::c_ulong;
+    // The largest DCT reduction that keeps the shorter side at least `at_least`.
+    let denom = match at_least {
+        Some(t) if t > 0 => DCT_SCALES
+            .into_iter()
+            .find(|&d| w.min(hgt).div_ceil(d) >= t)
+            .unwrap_or(1),
+        _ => 1,
+    };
+    let (sw, sh) = (w.div_ceil(denom), hgt.div_ceil(denom));
+    let cmyk = colorspace == raw::TJCS_TJCS_CMYK as i32 || colorspace == raw::TJCS_TJCS_YCCK as i32;
+    let (format, channels) = if cmyk {
+        (raw::TJPF_TJPF_CMYK, 4)
+    } else if grey {
+        (raw::TJPF_TJPF_GRAY, 1)
+    } else {
+        (raw::TJPF_TJPF_RGB, 3)
+    };
+    let mut data = vec![0u8; sw as usize * sh as usize * channels];
+    // SAFETY: `data` holds sh rows of sw pixels of `channels` bytes, the pitch given.
+    let rc = unsafe {
+        raw::tjDecompress2(
+            h,
+            encoded.as_ptr(),
+            len,
+            data.as_mut_ptr(),
+            sw as i32,
+            (sw as usize * channels) as i32,
+            sh as i32,
+            format,
+            0,
+        )
+    };
+    if rc != 0 {
+        let message = error(h);
+        // SAFETY: a valid handle.
+        let fatal = unsafe { raw::tjGetErrorCode(h) } != raw::TJERR_TJERR_WARNING as i32;
+        // A warning leaves the image decoded, but a file that ends early is missing rows (the
+        // rest comes out grey): torchvision refuses it too ("image file is truncated").
+        if fatal || message.contains("Premature end") {
+            bail!("JPEG does not decode whole: {message}");
+        }
+    }
+    if !cmyk {
+        return Ok(Pixels {
+            width: sw,
+            height: sh,
+            channels: channels as u32,
+            data,
+        });
+    }
+    let rgb = cmyk_to_rgb(&data, adobe_inverted(encoded));
+    Ok(if grey {
+        Pixels {
+            width: sw,
+            height: sh,
+            channels: 1,
+            data: rgb.chunks_exact(3).map(luma).collect(),
+        }
+    } else {
+        Pixels {
+            width: sw,
+            height: sh,
+            channels: 3,
+            data: rgb,
+        }
+    })
+}
+
+fn error(h: raw::tjhandle) -> String {
+    // SAFETY: tjGetErrorStr2 returns a NUL-terminated string owned by the handle (or static).
+    unsafe { CStr::from_ptr(raw::tjGetErrorStr2(h)) }
+        .to_string_lossy()
+        .trim()
+        .to_string()
+}
+
+/// ITU-R 601-2 luma, as PIL's `convert("L")`.
+fn luma(px: &[u8]) -> u8 {
+    ((px[0] as u32 * 19595 + px[1] as u32 * 38470 + px[2] as u32 * 7471 + 0x8000) >> 16) as u8
+}
+
+/// CMYK pixels to RGB as PIL converts them. Photoshop (and PIL) store CMYK JPEGs inverted and
+/// say so with an Adobe marker: then 255 means no ink.
+fn cmyk_to_rgb(cmyk: &[u8], inverted: bool) -> Vec<u8> {
+    let mut rgb = Vec::with_capacity(cmyk.len() / 4 * 3);
+    for px in cmyk.chunks_exact(4) {
+        let [c, m, y, k] = if inverted {
+            [255 - px[0], 255 - px[1], 255 - px[2], 255 - px[3]]
+        } else {
+            [px[0], px[1], px[2], px[3]]
+        };
+        let nk = 255 - k as u32;
+        for v in [c, m, y] {
+            // PIL: nk - v * nk / 255, rounded.
+            let t = v as u32 * nk + 128;
+            rgb.push((nk - ((t + (t >> 8)) >> 8)) as u8);
+        }
+    }
+    rgb
+}
+
+/// Whether the JPEG has an Adobe APP14 marker (its CMYK values are then stored inverted).
+fn adobe_inverted(jpeg: &[u8]) -> bool {
+    let mut at = 2;
+    while at + 4 <= jpeg.len() && jpeg[at] == 0xFF {
+        let marker = jpeg[at + 1];
+        if marker == 0xDA {
+            break; // start of scan: no more headers
+        }
+        let len = u16::from_be_bytes([jpeg[at + 2], jpeg[at + 3]]) as usize;
+        if marker == 0xEE && jpeg[at + 4..].starts_with(b"Adobe") {
+            return true;
+        }
+        at += 2 + len;
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A JPEG of `w` x `h` made by libjpeg-turbo from `pixels` (RGB, or grey with one channel).
+    pub fn jpeg(w: u32, h: u32, pixels: &[u8], channels: u32) -> Vec<u8> {
+        let format = if channels == 1 {
+            turbojpeg::PixelFormat::GRAY
+        } else {
+            turbojpeg::PixelFormat::RGB
+        };
+        let image = turbojpeg::Image {
+            pixels,
+            width: w as usize,
+            pitch: (w * channels) as usize,
+            height: h as usize,
+            format,
+        };
+        let sub = if channels == 1 {
+            turbojpeg::Subsamp::Gray
+        } else {
+            turbojpeg::Subsamp::None
+        };
+        turbojpeg::compress(image, 95, sub).unwrap().to_vec()
+    }
+
+    fn gradient(w: u32, h: u32) -> Vec<u8> {
+        (0..h)
+            .flat_map(|y| (0..w).flat_map(move |x| [(x * 4) as u8, (y * 4) as u8, 128]))
+            .collect()
+    }
+
+    #[test]
+    fn jpegs_decode_to_rgb_close_to_their_pixels() {
+        let px = gradient(64, 48);
+        let p = decode(&jpeg(64, 48, &px, 3), false, None).unwrap();
+        assert_eq!((p.width, p.height, p.channels), (64, 48, 3));
+        let worst = p.data.iter().zip(&px).map(|(a, b)| a.abs_diff(*b)).max();
+        assert!(worst.unwrap() <= 8, "{worst:?}");
+        let g = decode(&jpeg(64, 48, &px, 3), true, None).unwrap();
+        assert_eq!((g.channels, g.data.len()), (1, 64 * 48));
+    }
+
+    #[test]
+    fn a_jpeg_to_be_shrunk_decodes_smaller_but_never_below_the_target() {
+        let px = gradient(64, 48);
+        let file = jpeg(64, 48, &px, 3);
+        for (target, size) in [
+            (48, (64, 48)),
+            (24, (32, 24)),
+            (13, (32, 24)),
+            (12, (16, 12)),
+            (6, (8, 6)),
+            (2, (8, 6)),
+        ] {
+            let p = decode(&file, false, Some(target)).unwrap();
+            assert_eq!((p.width, p.height), size, "target {target}");
+        }
+    }
+
+    #[test]
+    fn grey_jpegs_become_three_equal_channels() {
+        let px: Vec<u8> = (0..32 * 16).map(|i| (i % 200) as u8).collect();
+        let p = decode(&jpeg(32, 16, &px, 1), false, None).unwrap();
+        assert_eq!(p.channels, 3);
+        assert!(p.data.chunks_exact(3).all(|c| c[0] == c[1] && c[1] == c[2]));
+    }
+
+    #[test]
+    fn truncated_and_garbage_files_are_errors() {
+        let file = jpeg(64, 48, &gradient(64, 48), 3);
+        let err = decode(&file[..file.len() / 2], false, None).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("does not decode whole"),
+            "{err:#}"
+        );
+        let mut png_head = b"\x89PNG\r\n\x1a\n".to_vec();
+        png_head.extend_from_slice(&[7; 100]);
+        assert!(decode(&png_head, false, None).is_err());
+        assert!(decode(b"\xFF\xD8 not really", false, None).is_err());
+    }
+
+    #[test]
+    fn cmyk_converts_like_pil() {
+        // No ink is white, full black ink is black, full cyan is (0, 255, 255).
+        assert_eq!(
+            cmyk_to_rgb(&[0, 0, 0, 0, 0, 0, 0, 255, 255, 0, 0, 0], false),
+            [255, 255, 255, 0, 0, 0, 0, 255, 255]
+        );
+        assert_eq!(cmyk_to_rgb(&[255, 255, 255, 255], true), [255, 255, 255]);
+    }
+}

@@ -1,0 +1,374 @@
+//! Turning a raw sample's fields into what the tiers keep: values of the dataset's fields.
+//! HDF5 values are kept as stored; image files are decoded (each field by its own mode) and
+//! resized once, together, as a spatial group (see `fields`). Cropping happens later, at batch
+//! assembly, by each stream's pipeline (see `augment`), so the tiers keep what every crop needs.
+
+use super::decode;
+use super::planes::{resize_interleaved, to_planes};
+use crate::config::ImageMode;
+use crate::fields::{DType, FieldSpec, Resample, Value};
+use crate::source::RawSample;
+use anyhow::{bail, ensure, Context, Result};
+use image::GrayImage;
+
+/// What happens to one raw field.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FieldOp {
+    /// Kept as read.
+    Keep,
+    /// An image file, decoded by `mode`; its H and W are `scale` times the reference image's.
+    Decode {
+        mode: ImageMode,
+        scale: u32,
+        resample: Resample,
+    },
+}
+
+/// The size image folders keep their images at (the reference image's; paired ones at their
+/// scale), torchvision's `Resize` rule: the shorter side to `shorter` and the longer one in
+/// proportion, truncated, but at most `max_size`; or, `square`, `shorter` x `shorter`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Resize {
+    /// 0: images are kept at their own size.
+    pub shorter: u32,
+    pub max_size: Option<u32>,
+    pub square: bool,
+}
+
+impl Resize {
+    /// The (W, H) an image of (w, h) is kept at.
+    pub fn size(&self, (w, h): (u32, u32)) -> (u32, u32) {
+        let s = self.shorter;
+        if s == 0 {
+            return (w, h);
+        }
+        if self.square {
+            return (s, s);
+        }
+        let (short, long) = (w.min(h), w.max(h));
+        let (mut new_short, mut new_long) = (s, (s as u64 * long as u64 / short as u64) as u32);
+        if let Some(max) = self.max_size {
+            if new_long > max {
+                new_short = ((max as u64 * new_short as u64) / new_long as u64).max(1) as u32;
+                new_long = max;
+            }
+        }
+        if w <= h {
+            (new_short, new_long)
+        } else {
+            (new_long, new_short)
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Preprocess {
+    /// The raw values already are the sample (HDF5).
+    Identity,
+    /// Image folders: the first decoded field is the reference, resized by `resize`; every
+    /// decoded field is resized to the reference's size at its scale. Deterministic: same
+    /// files, same bytes.
+    Images { ops: Vec<FieldOp>, resize: Resize },
+}
+
+impl FieldOp {
+    /// An RGB image, the reference of its group (scale 1), resampled linearly.
+    pub fn rgb() -> FieldOp {
+        FieldOp::Decode {
+            mode: ImageMode::Rgb,
+            scale: 1,
+            resample: Resample::Linear,
+        }
+    }
+
+    /// The field this op keeps from a raw field named `name`: images are [C, H, W] ([H, W] for
+    /// index masks), H and W varying by sample unless `resize` makes them square.
+    pub fn field(&self, name: &str, resize: &Resize) -> FieldSpec {
+        let FieldOp::Decode {
+            mode,
+            scale,
+            resample,
+        } = self
+        else {
+            return FieldSpec::fixed(name, DType::Int64, &[]);
+        };
+        let side = (resize.square && resize.shorter > 0).then_some(resize.shorter * scale);
+        let mut dims = match mode {
+            ImageMode::Rgb => vec![Some(3)],
+            ImageMode::Gray => vec![Some(1)],
+            ImageMode::Index => vec![],
+        };
+        dims.extend([side, side]);
+        let mut f = FieldSpec::new(name, DType::Uint8, dims);
+        f.resample = *resample;
+        f
+    }
+}
+
+impl Preprocess {
+    /// Identifies the transformation, so the scratch tier can tell when it changes.
+    pub fn describe(&self) -> String {
+        format!("{self:?} decoder libjpeg-turbo 2")
+    }
+
+    pub fn apply(&self, raw: RawSample) -> Result<Vec<Value>> {
+        match self {
+            Preprocess::Identity => Ok(raw),
+            Preprocess::Images { ops, resize } => images(ops, resize, raw),
+        }
+    }
+}
+
+fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample) -> Result<Vec<Value>> {
+    ensure!(
+        raw.len() == ops.len(),
+        "{} raw fields for {} ops",
+        raw.len(),
+        ops.len()
+    );
+    // The reference's size as kept, (W, H), once its file is read.
+    let mut kept: Option<(u32, u32)> = None;
+    let mut out = Vec::with_capacity(raw.len());
+    for (k, (op, value)) in ops.iter().zip(raw).enumerate() {
+        let FieldOp::Decode {
+            mode,
+            scale,
+            resample,
+        } = op
+        else {
+            out.push(value);
+            continue;
+        };
+        let s = *scale;
+        let decoded = (|| -> Result<Value> {
+            if *mode == ImageMode::Index {
+                let ids = decode_index(&value.data)?;
+                let size = *kept.get_or_insert_with(|| resize.size(ids.dimensions()));
+                let (w, h) = (size.0 * s, size.1 * s);
+                let px = resize_interleaved(ids.as_raw(), ids.dimensions(), 1, (w, h), *resample)?;
+                return Ok(Value::new(vec![h, w], px));
+            }
+            let grey = *mode == ImageMode::Gray;
+            // Decoded at 1/2, 1/4 or 1/8 when that still leaves enough pixels for the size
+            // kept (the reference's size is known from the file's header).
+            let target = kept.or_else(|| decode::dimensions(&value.data).map(|d| resize.size(d)));
+            let at_least = target.map(|(w, h)| (w * s).min(h * s));
+            let px = decode::decode(&value.data, grey, at_least.filter(|_| resize.shorter > 0))?;
+            let (w, h) = (px.width, px.height);
+            ensure!(w > 0 && h > 0, "image is empty");
+            let size = *kept.get_or_insert_with(|| resize.size((w, h)));
+            let (nw, nh) = (size.0 * s, size.1 * s);
+            let rgb = resize_interleaved(&px.data, (w, h), px.channels, (nw, nh), *resample)?;
+            let c = px.channels;
+            Ok(Value::new(vec![c, nh, nw], to_planes(&rgb, c as usize)))
+        })()
+        .with_context(|| format!("decoding image field {k}"))?;
+        out.push(decoded);
+    }
+    Ok(out)
+}
+
+/// A mask's class ids: the palette indices of a palette PNG, or the values of an 8-bit (or
+/// narrower) greyscale PNG. Never converted through colour.
+fn decode_index(encoded: &[u8]) -> Result<GrayImage> {
+    ensure!(
+        encoded.starts_with(b"\x89PNG"),
+        "index masks must be PNG files (palette or greyscale); JPEG would blend class ids"
+    );
+    let mut decoder = png::Decoder::new(std::io::Cursor::new(encoded));
+    decoder.set_transformations(png::Transformations::IDENTITY);
+    let mut reader = decoder.read_info()?;
+    let mut buf = vec![0; reader.output_buffer_size().context("PNG too large")?];
+    let info = reader.next_frame(&mut buf)?;
+    match info.color_type {
+        png::ColorType::Indexed | png::ColorType::Grayscale => {}
+        other => bail!("index masks must be palette or greyscale PNGs, this one is {other:?}"),
+    }
+    let depth = info.bit_depth as u32;
+    ensure!(
+        depth <= 8,
+        "index masks of {depth} bits per pixel are not supported (at most 8)"
+    );
+    let (w, h) = (info.width, info.height);
+    let mut ids = Vec::with_capacity((w * h) as usize);
+    for row in buf.chunks(info.line_size).take(h as usize) {
+        if depth == 8 {
+            ids.extend_from_slice(&row[..w as usize]);
+            continue;
+        }
+        let mask = (1u16 << depth) as u8 - 1;
+        for x in 0..w {
+            let bit = x * depth;
+            let shift = 8 - depth - bit % 8;
+            ids.push((row[(bit / 8) as usize] >> shift) & mask);
+        }
+    }
+    GrayImage::from_raw(w, h, ids).context("mask size")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use image::RgbImage;
+
+    fn png(w: u32, h: u32, f: impl Fn(u32, u32) -> [u8; 3]) -> Vec<u8> {
+        let img = RgbImage::from_fn(w, h, |x, y| image::Rgb(f(x, y)));
+        let mut out = std::io::Cursor::new(vec![]);
+        img.write_to(&mut out, image::ImageFormat::Png).unwrap();
+        out.into_inner()
+    }
+
+    /// A palette PNG whose palette maps index i to a colour that is not i.
+    fn palette_png(w: u32, h: u32, ids: &[u8]) -> Vec<u8> {
+        let mut out = vec![];
+        let mut enc = png::Encoder::new(&mut out, w, h);
+        enc.set_color(png::ColorType::Indexed);
+        enc.set_depth(png::BitDepth::Eight);
+        enc.set_palette(
+            (0..=255u8)
+                .flat_map(|i| [255 - i, i / 2, 7])
+                .collect::<Vec<_>>(),
+        );
+        enc.write_header().unwrap().write_image_data(ids).unwrap();
+        out
+    }
+
+    fn raw(files: &[Vec<u8>]) -> RawSample {
+        files
+            .iter()
+            .map(|f| Value::new(vec![f.len() as u32], f.clone()))
+            .collect()
+    }
+
+    fn shorter(side: u32) -> Resize {
+        Resize {
+            shorter: side,
+            max_size: None,
+            square: false,
+        }
+    }
+
+    #[test]
+    fn resizing_follows_torchvision() {
+        assert_eq!(shorter(256).size((500, 375)), (341, 256));
+        assert_eq!(shorter(256).size((375, 500)), (256, 341));
+        assert_eq!(shorter(0).size((500, 375)), (500, 375));
+        let capped = Resize {
+            max_size: Some(300),
+            ..shorter(256)
+        };
+        assert_eq!(capped.size((1000, 250)), (300, 75));
+        let square = Resize {
+            square: true,
+            ..shorter(64)
+        };
+        assert_eq!(square.size((500, 375)), (64, 64));
+    }
+
+    #[test]
+    fn images_are_kept_resized_as_chw_uint8() {
+        // 40x20: left half red, right half blue.
+        let file = png(
+            40,
+            20,
+            |x, _| if x < 20 { [255, 0, 0] } else { [0, 0, 255] },
+        );
+        let p = Preprocess::Images {
+            ops: vec![FieldOp::rgb(), FieldOp::Keep],
+            resize: shorter(10),
+        };
+        let mut input = raw(&[file]);
+        input.push(Value::int64(4));
+        let out = p.apply(input.clone()).unwrap();
+        assert_eq!(out[0].dims, vec![3, 10, 20]);
+        assert_eq!(out[1], Value::int64(4));
+        let (r, b) = (&out[0].data[0..200], &out[0].data[400..600]);
+        assert_eq!((r[0], b[0]), (255, 0), "top-left is red");
+        assert_eq!((r[19], b[19]), (0, 255), "top-right is blue");
+        assert_eq!(out, p.apply(input).unwrap(), "deterministic");
+        assert_eq!(
+            FieldOp::rgb().field("image", &shorter(256)).shape,
+            vec![Some(3), None, None]
+        );
+        let square = Resize {
+            square: true,
+            ..shorter(8)
+        };
+        assert_eq!(
+            FieldOp::rgb().field("image", &square),
+            FieldSpec::fixed("image", DType::Uint8, &[3, 8, 8])
+        );
+    }
+
+    #[test]
+    fn masks_keep_class_ids_and_follow_the_image() {
+        // A 8x4 image and its palette mask: ids 0, 1, 2 in vertical stripes.
+        let ids: Vec<u8> = (0..4).flat_map(|_| (0..8u8).map(|x| x / 3)).collect();
+        let mask = palette_png(8, 4, &ids);
+        let image = png(8, 4, |x, _| [x as u8 * 30, 0, 0]);
+        let index = FieldOp::Decode {
+            mode: ImageMode::Index,
+            scale: 1,
+            resample: Resample::Nearest,
+        };
+        let p = Preprocess::Images {
+            ops: vec![FieldOp::rgb(), index.clone()],
+            resize: shorter(2),
+        };
+        let out = p.apply(raw(&[image, mask])).unwrap();
+        assert_eq!(out[1].dims, vec![2, 4]);
+        assert!(
+            out[1].data.iter().all(|&v| v <= 2),
+            "ids, not colours: {:?}",
+            out[1].data
+        );
+        // Unresized, the mask is its ids exactly.
+        let p = Preprocess::Images {
+            ops: vec![index],
+            resize: shorter(0),
+        };
+        assert_eq!(
+            p.apply(raw(&[palette_png(8, 4, &ids)])).unwrap()[0].data,
+            ids
+        );
+        let err = format!(
+            "{:#}",
+            p.apply(raw(&[png(2, 2, |_, _| [0, 0, 0])])).unwrap_err()
+        );
+        assert!(err.contains("palette or greyscale"), "{err}");
+    }
+
+    #[test]
+    fn paired_fields_are_kept_at_their_scale() {
+        let lr = png(8, 4, |x, _| [x as u8, 0, 0]);
+        let hr = png(16, 8, |x, _| [x as u8, 0, 0]);
+        let p = Preprocess::Images {
+            ops: vec![
+                FieldOp::rgb(),
+                FieldOp::Decode {
+                    mode: ImageMode::Rgb,
+                    scale: 2,
+                    resample: Resample::Linear,
+                },
+            ],
+            resize: shorter(0),
+        };
+        let out = p.apply(raw(&[lr, hr])).unwrap();
+        assert_eq!(out[0].dims, vec![3, 4, 8]);
+        assert_eq!(out[1].dims, vec![3, 8, 16]);
+        assert_eq!(&out[1].data[..4], &[0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn bad_input_is_an_error() {
+        let p = Preprocess::Images {
+            ops: vec![FieldOp::rgb()],
+            resize: shorter(10),
+        };
+        let err = format!(
+            "{:#}",
+            p.apply(raw(&[b"not an image".to_vec()])).unwrap_err()
+        );
+        assert!(err.contains("decoding image"), "{err}");
+    }
+}
