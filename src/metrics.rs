@@ -185,8 +185,8 @@ pub fn format_stats(s: &crate::proto::Stats) -> String {
     );
     let _ = writeln!(
         out,
-        "served: {} batches, {} samples, {} bytes; {} open streams; {} fetches shared between clients",
-        s.batches_served, s.samples_served, s.bytes_served, s.active_streams, s.coalesced_fetches
+        "served: {} batches, {} samples, {} bytes; {} open streams; {} fetches shared between clients; {} bad samples skipped (larder bad)",
+        s.batches_served, s.samples_served, s.bytes_served, s.active_streams, s.coalesced_fetches, s.bad_samples
     );
     let _ = writeln!(
         out,

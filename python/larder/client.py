@@ -328,6 +328,11 @@ class Client:
         except grpc.RpcError as e:
             raise LarderError(e.details(), e.code()) from None
 
+    def bad_samples(self, dataset: str = "") -> List["pb.BadSample"]:
+        """The samples skipped because their files do not read or decode (of `dataset`, or of
+        every dataset): each with `dataset`, `index` and `error`, which names the file."""
+        return list(self._call(self._stub.ListBadSamples, pb.ListBadSamplesRequest(dataset=dataset)).samples)
+
     def plan(self, dataset: str, batch_size: int, **shard) -> "pb.StreamPlan":
         """What `stream(dataset, batch_size, **shard)` would serve, without serving it:
         `num_batches`, `num_samples`, and `slot_bytes` (the shared memory a batch takes; 0
@@ -347,7 +352,7 @@ class Client:
         """The batches of one epoch of rank `rank`'s shard (of its DataLoader worker `worker` of
         `num_workers`). `shard`: seed=0, epoch=0, rank=0, world_size=1, worker=0,
         num_workers=1, shuffle=True, drop_last=False, even_batches=True, start_sample=0,
-        start_step=0, start_batch=0, fields=None, variable_layout="padded".
+        start_step=0, start_batch=0, fields=None, variable_layout="padded", pipeline="eval".
 
         The daemon holds the sharding rule: the epoch's order, from `start_sample` on, is cut
         into batches taken in rounds, one per rank, round t being every rank's step t; a rank's
@@ -357,6 +362,12 @@ class Client:
         round is dropped instead. Each batch's `resume_sample` is the `start_sample` that
         resumes the epoch once every rank has taken its step, on any number of ranks or
         workers. `start_batch` skips batches of this stream's own shard.
+
+        `pipeline="train"` cuts each sample with the dataset's random crop and flip (its
+        `[dataset.train]` config), drawn from (seed, epoch, sample id): the same epoch gives the
+        same bytes wherever it is replayed or resumed, the next epoch new ones. `"eval"`
+        (default) cuts the center. A sample whose files do not read or decode is left out of
+        its batch (see `bad_samples`), so a batch may hold fewer than `batch_size`.
 
         `fields` picks and orders the fields served (default: all). Fields whose shape varies
         by sample come padded, with lengths (`variable_layout="padded"`), or as values plus
@@ -526,11 +537,14 @@ def _request(
     start_step: int = 0,
     fields: Optional[Sequence[str]] = None,
     variable_layout: str = "padded",
+    pipeline: str = "eval",
 ) -> "pb.StreamBatchesRequest":
     """The StreamBatches request for `Client.stream`'s arguments."""
     layouts = {"padded": pb.PADDED, "offsets": pb.OFFSETS}
     if variable_layout not in layouts:
         raise ValueError(f"variable_layout must be 'padded' or 'offsets', not {variable_layout!r}")
+    if pipeline not in ("eval", "train"):
+        raise ValueError(f"pipeline must be 'train' or 'eval', not {pipeline!r}")
     return pb.StreamBatchesRequest(
         dataset=dataset,
         batch_size=batch_size,
@@ -549,6 +563,7 @@ def _request(
         fields=list(fields or []),
         variable_layout=layouts[variable_layout],
         layout_version=1,
+        pipeline=pipeline,
     )
 
 

@@ -162,6 +162,11 @@ class LarderIterableDataset(IterableDataset):
     them. `even_batches` (default) gives every rank the same number of batches, repeating a few
     samples like `DistributedSampler`, so a DDP loop never waits on a rank that ran out.
 
+    `pipeline="train"` gives each sample the dataset's random crop and flip (configured in the
+    daemon, drawn from seed, epoch and sample id, so a resumed epoch is byte-identical);
+    `"eval"` (default) its center crop. Samples whose files do not decode are left out of their
+    batch (listed by `larder bad`), so a batch may be smaller than `batch_size`.
+
     Iterating the dataset again starts the next epoch, in the training process and in
     DataLoader workers alike (persistent or not), so frameworks that never call `set_epoch`
     (Lightning, for an IterableDataset) still get a new order every epoch; `set_epoch(e)` makes
@@ -193,8 +198,11 @@ class LarderIterableDataset(IterableDataset):
         transport: str = "auto",
         prefetch: int = 2,
         pin_memory: bool = False,
+        pipeline: str = "eval",
     ):
         super().__init__()
+        if pipeline not in ("eval", "train"):
+            raise ValueError(f"pipeline must be 'train' or 'eval', not {pipeline!r}")
         self.dataset = dataset
         self.batch_size = batch_size
         self.address = address
@@ -211,6 +219,7 @@ class LarderIterableDataset(IterableDataset):
         self.transport = transport
         self.prefetch = prefetch
         self.pin_memory = pin_memory
+        self.pipeline = pipeline
         # What the training process saw when it handed this copy to a spawned DataLoader
         # worker, for the worker to use: "ddp", its (rank, world size), and "accelerate", its
         # place under Accelerate's dispatcher (see _accelerate_role). None: not handed over.
@@ -306,7 +315,8 @@ class LarderIterableDataset(IterableDataset):
         Client.plan take it."""
         return dict(seed=self.seed, rank=rank, world_size=world, shuffle=self.shuffle,
                     drop_last=self.drop_last, even_batches=self.even_batches,
-                    fields=self._served_fields(), variable_layout=self.variable_layout)
+                    fields=self._served_fields(), variable_layout=self.variable_layout,
+                    pipeline=self.pipeline)
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         info = get_worker_info()

@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use larder::client::connect;
-use larder::proto::{GetStatsRequest, ListDatasetsRequest, WarmRequest};
+use larder::proto::{GetStatsRequest, ListBadSamplesRequest, ListDatasetsRequest, WarmRequest};
 
 #[derive(Parser)]
 #[command(version, about = "larder command-line client")]
@@ -26,7 +26,13 @@ enum Command {
     Datasets,
     /// Show per-tier hits, bytes, memory use and client stall time.
     Stats,
-    /// Preprocess a dataset into the daemon's scratch tier now (resumes where an earlier warm stopped).
+    /// List the samples skipped because their files do not read or decode, with why.
+    Bad {
+        /// Only this dataset's (default: every dataset's).
+        dataset: Option<String>,
+    },
+    /// Preprocess a dataset into the daemon's scratch tier now (resumes where an earlier warm
+    /// stopped); ends with the files that do not read or decode.
     Warm {
         /// Dataset name, as `larder datasets` lists it.
         dataset: String,
@@ -89,6 +95,12 @@ async fn main() -> Result<()> {
             let stats = client.get_stats(GetStatsRequest {}).await?.into_inner();
             println!("{}", larder::metrics::format_stats(&stats));
         }
+        Command::Bad { dataset } => {
+            let n = bad(&args.addr, dataset.as_deref().unwrap_or("")).await?;
+            if n == 0 {
+                println!("no bad samples");
+            }
+        }
         Command::Warm { dataset } => warm(&args.addr, &dataset).await?,
         Command::Bench {
             dataset,
@@ -140,11 +152,29 @@ async fn warm(addr: &str, dataset: &str) -> Result<()> {
     bar.finish();
     if let Some(p) = last {
         println!(
-            "{dataset}: {} samples in the scratch tier ({} preprocessed now, {} already there)",
+            "{dataset}: {} samples in the scratch tier ({} preprocessed now, {} already there); {} bad",
             p.written + p.present,
             p.written,
-            p.present
+            p.present,
+            p.bad
         );
     }
+    bad(addr, dataset).await?;
     Ok(())
+}
+
+/// Prints the bad samples of `dataset` ("" for all), one per line; returns how many.
+async fn bad(addr: &str, dataset: &str) -> Result<usize> {
+    let mut client = connect(addr).await?;
+    let samples = client
+        .list_bad_samples(ListBadSamplesRequest {
+            dataset: dataset.to_string(),
+        })
+        .await?
+        .into_inner()
+        .samples;
+    for s in &samples {
+        println!("bad: {} sample {}: {}", s.dataset, s.index, s.error);
+    }
+    Ok(samples.len())
 }

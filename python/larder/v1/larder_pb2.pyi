@@ -8,6 +8,16 @@ DESCRIPTOR: _descriptor.FileDescriptor
 OFFSETS: VariableLayout
 PADDED: VariableLayout
 
+class BadSample(_message.Message):
+    __slots__ = ["dataset", "error", "index"]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    error: str
+    index: int
+    def __init__(self, dataset: _Optional[str] = ..., index: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
 class Batch(_message.Message):
     __slots__ = ["batch_index", "data", "fields", "labels", "num_batches", "resume_sample", "sample_ids", "shape", "slot", "step"]
     BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -33,22 +43,26 @@ class Batch(_message.Message):
     def __init__(self, batch_index: _Optional[int] = ..., num_batches: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., sample_ids: _Optional[_Iterable[int]] = ..., fields: _Optional[_Iterable[_Union[FieldBatch, _Mapping]]] = ..., slot: _Optional[int] = ..., step: _Optional[int] = ..., resume_sample: _Optional[int] = ...) -> None: ...
 
 class DatasetInfo(_message.Message):
-    __slots__ = ["fields", "has_labels", "name", "num_samples", "sample_bytes", "sample_shape", "source"]
+    __slots__ = ["bad_samples", "fields", "has_labels", "has_train_pipeline", "name", "num_samples", "sample_bytes", "sample_shape", "source"]
+    BAD_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     HAS_LABELS_FIELD_NUMBER: _ClassVar[int]
+    HAS_TRAIN_PIPELINE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_BYTES_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_SHAPE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    bad_samples: int
     fields: _containers.RepeatedCompositeFieldContainer[FieldInfo]
     has_labels: bool
+    has_train_pipeline: bool
     name: str
     num_samples: int
     sample_bytes: int
     sample_shape: _containers.RepeatedScalarFieldContainer[int]
     source: str
-    def __init__(self, name: _Optional[str] = ..., num_samples: _Optional[int] = ..., sample_shape: _Optional[_Iterable[int]] = ..., has_labels: bool = ..., source: _Optional[str] = ..., sample_bytes: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[FieldInfo, _Mapping]]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., num_samples: _Optional[int] = ..., sample_shape: _Optional[_Iterable[int]] = ..., has_labels: bool = ..., source: _Optional[str] = ..., sample_bytes: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[FieldInfo, _Mapping]]] = ..., has_train_pipeline: bool = ..., bad_samples: _Optional[int] = ...) -> None: ...
 
 class FieldBatch(_message.Message):
     __slots__ = ["data", "dtype", "lengths", "name", "offsets", "sample_shape", "shape", "slot_bytes", "slot_offset"]
@@ -92,6 +106,18 @@ class GetStatsRequest(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
 
+class ListBadSamplesRequest(_message.Message):
+    __slots__ = ["dataset"]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    def __init__(self, dataset: _Optional[str] = ...) -> None: ...
+
+class ListBadSamplesResponse(_message.Message):
+    __slots__ = ["samples"]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[BadSample]
+    def __init__(self, samples: _Optional[_Iterable[_Union[BadSample, _Mapping]]] = ...) -> None: ...
+
 class ListDatasetsRequest(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
@@ -103,9 +129,10 @@ class ListDatasetsResponse(_message.Message):
     def __init__(self, datasets: _Optional[_Iterable[_Union[DatasetInfo, _Mapping]]] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ["active_streams", "admissions_declined", "batches_served", "bytes_served", "client_stall_seconds", "coalesced_fetches", "hit_rate", "machine_available_bytes", "measured_expansion_factor", "memory_budget_bytes", "memory_bytes", "memory_entries", "planned_expansion_factor", "samples_served", "scratch_budget_bytes", "scratch_bytes", "scratch_corrupt_records", "scratch_paused", "shm_batches", "shm_budget_bytes", "shm_bytes", "shm_fallbacks", "shm_rings", "tiers", "uptime_seconds"]
+    __slots__ = ["active_streams", "admissions_declined", "bad_samples", "batches_served", "bytes_served", "client_stall_seconds", "coalesced_fetches", "hit_rate", "machine_available_bytes", "measured_expansion_factor", "memory_budget_bytes", "memory_bytes", "memory_entries", "planned_expansion_factor", "samples_served", "scratch_budget_bytes", "scratch_bytes", "scratch_corrupt_records", "scratch_paused", "shm_batches", "shm_budget_bytes", "shm_bytes", "shm_fallbacks", "shm_rings", "tiers", "uptime_seconds"]
     ACTIVE_STREAMS_FIELD_NUMBER: _ClassVar[int]
     ADMISSIONS_DECLINED_FIELD_NUMBER: _ClassVar[int]
+    BAD_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     BATCHES_SERVED_FIELD_NUMBER: _ClassVar[int]
     BYTES_SERVED_FIELD_NUMBER: _ClassVar[int]
     CLIENT_STALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +158,7 @@ class Stats(_message.Message):
     UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
     active_streams: int
     admissions_declined: int
+    bad_samples: int
     batches_served: int
     bytes_served: int
     client_stall_seconds: float
@@ -154,10 +182,10 @@ class Stats(_message.Message):
     shm_rings: int
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     uptime_seconds: float
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., memory_entries: _Optional[int] = ..., hit_rate: _Optional[float] = ..., client_stall_seconds: _Optional[float] = ..., batches_served: _Optional[int] = ..., samples_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., active_streams: _Optional[int] = ..., coalesced_fetches: _Optional[int] = ..., admissions_declined: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., machine_available_bytes: _Optional[int] = ..., measured_expansion_factor: _Optional[float] = ..., scratch_bytes: _Optional[int] = ..., scratch_budget_bytes: _Optional[int] = ..., scratch_corrupt_records: _Optional[int] = ..., scratch_paused: _Optional[str] = ..., planned_expansion_factor: _Optional[float] = ..., shm_rings: _Optional[int] = ..., shm_bytes: _Optional[int] = ..., shm_budget_bytes: _Optional[int] = ..., shm_batches: _Optional[int] = ..., shm_fallbacks: _Optional[int] = ...) -> None: ...
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., memory_entries: _Optional[int] = ..., hit_rate: _Optional[float] = ..., client_stall_seconds: _Optional[float] = ..., batches_served: _Optional[int] = ..., samples_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., active_streams: _Optional[int] = ..., coalesced_fetches: _Optional[int] = ..., admissions_declined: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., machine_available_bytes: _Optional[int] = ..., measured_expansion_factor: _Optional[float] = ..., scratch_bytes: _Optional[int] = ..., scratch_budget_bytes: _Optional[int] = ..., scratch_corrupt_records: _Optional[int] = ..., scratch_paused: _Optional[str] = ..., planned_expansion_factor: _Optional[float] = ..., shm_rings: _Optional[int] = ..., shm_bytes: _Optional[int] = ..., shm_budget_bytes: _Optional[int] = ..., shm_batches: _Optional[int] = ..., shm_fallbacks: _Optional[int] = ..., bad_samples: _Optional[int] = ...) -> None: ...
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = ["batch_size", "dataset", "drop_last", "epoch", "even_batches", "fields", "held_slots", "layout_version", "num_workers", "rank", "seed", "sequential", "shm_ring", "start_batch", "start_sample", "start_step", "variable_layout", "worker", "world_size"]
+    __slots__ = ["batch_size", "dataset", "drop_last", "epoch", "even_batches", "fields", "held_slots", "layout_version", "num_workers", "pipeline", "rank", "seed", "sequential", "shm_ring", "start_batch", "start_sample", "start_step", "variable_layout", "worker", "world_size"]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     DROP_LAST_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +195,7 @@ class StreamBatchesRequest(_message.Message):
     HELD_SLOTS_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     SEQUENTIAL_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +215,7 @@ class StreamBatchesRequest(_message.Message):
     held_slots: _containers.RepeatedScalarFieldContainer[int]
     layout_version: int
     num_workers: int
+    pipeline: str
     rank: int
     seed: int
     sequential: bool
@@ -196,7 +226,7 @@ class StreamBatchesRequest(_message.Message):
     variable_layout: VariableLayout
     worker: int
     world_size: int
-    def __init__(self, dataset: _Optional[str] = ..., batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., sequential: bool = ..., drop_last: bool = ..., fields: _Optional[_Iterable[str]] = ..., variable_layout: _Optional[_Union[VariableLayout, str]] = ..., layout_version: _Optional[int] = ..., shm_ring: _Optional[bytes] = ..., held_slots: _Optional[_Iterable[int]] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., start_sample: _Optional[int] = ..., start_step: _Optional[int] = ..., even_batches: bool = ...) -> None: ...
+    def __init__(self, dataset: _Optional[str] = ..., batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., sequential: bool = ..., drop_last: bool = ..., fields: _Optional[_Iterable[str]] = ..., variable_layout: _Optional[_Union[VariableLayout, str]] = ..., layout_version: _Optional[int] = ..., shm_ring: _Optional[bytes] = ..., held_slots: _Optional[_Iterable[int]] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., start_sample: _Optional[int] = ..., start_step: _Optional[int] = ..., even_batches: bool = ..., pipeline: _Optional[str] = ...) -> None: ...
 
 class StreamPlan(_message.Message):
     __slots__ = ["num_batches", "num_samples", "slot_bytes"]
@@ -219,16 +249,18 @@ class TierStats(_message.Message):
     def __init__(self, tier: _Optional[str] = ..., hits: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class WarmProgress(_message.Message):
-    __slots__ = ["done", "present", "total", "written"]
+    __slots__ = ["bad", "done", "present", "total", "written"]
+    BAD_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     PRESENT_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    bad: int
     done: int
     present: int
     total: int
     written: int
-    def __init__(self, done: _Optional[int] = ..., total: _Optional[int] = ..., written: _Optional[int] = ..., present: _Optional[int] = ...) -> None: ...
+    def __init__(self, done: _Optional[int] = ..., total: _Optional[int] = ..., written: _Optional[int] = ..., present: _Optional[int] = ..., bad: _Optional[int] = ...) -> None: ...
 
 class WarmRequest(_message.Message):
     __slots__ = ["dataset"]

@@ -39,6 +39,11 @@ class LarderStub(object):
                 request_serializer=larder_dot_v1_dot_larder__pb2.WarmRequest.SerializeToString,
                 response_deserializer=larder_dot_v1_dot_larder__pb2.WarmProgress.FromString,
                 )
+        self.ListBadSamples = channel.unary_unary(
+                '/larder.v1.Larder/ListBadSamples',
+                request_serializer=larder_dot_v1_dot_larder__pb2.ListBadSamplesRequest.SerializeToString,
+                response_deserializer=larder_dot_v1_dot_larder__pb2.ListBadSamplesResponse.FromString,
+                )
 
 
 class LarderServicer(object):
@@ -82,6 +87,14 @@ class LarderServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListBadSamples(self, request, context):
+        """The samples skipped because their files do not read or decode (on_error = "skip"), with
+        why, naming the file.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LarderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +122,11 @@ def add_LarderServicer_to_server(servicer, server):
                     servicer.Warm,
                     request_deserializer=larder_dot_v1_dot_larder__pb2.WarmRequest.FromString,
                     response_serializer=larder_dot_v1_dot_larder__pb2.WarmProgress.SerializeToString,
+            ),
+            'ListBadSamples': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBadSamples,
+                    request_deserializer=larder_dot_v1_dot_larder__pb2.ListBadSamplesRequest.FromString,
+                    response_serializer=larder_dot_v1_dot_larder__pb2.ListBadSamplesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -202,5 +220,22 @@ class Larder(object):
         return grpc.experimental.unary_stream(request, target, '/larder.v1.Larder/Warm',
             larder_dot_v1_dot_larder__pb2.WarmRequest.SerializeToString,
             larder_dot_v1_dot_larder__pb2.WarmProgress.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListBadSamples(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/larder.v1.Larder/ListBadSamples',
+            larder_dot_v1_dot_larder__pb2.ListBadSamplesRequest.SerializeToString,
+            larder_dot_v1_dot_larder__pb2.ListBadSamplesResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
