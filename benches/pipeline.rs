@@ -15,7 +15,14 @@ const PARROTS: &[u8] = include_bytes!("../tests/fixtures/parrots.jpg");
 /// The photo at 500x375, as a JPEG of quality 90.
 fn photo_500x375() -> Vec<u8> {
     let p = decode(PARROTS, false, None).unwrap();
-    let big = resize_interleaved(&p.data, (p.width, p.height), 3, (500, 375), Resample::Linear).unwrap();
+    let big = resize_interleaved(
+        &p.data,
+        (p.width, p.height),
+        3,
+        (500, 375),
+        Resample::Linear,
+    )
+    .unwrap();
     let image = turbojpeg::Image {
         pixels: &big[..],
         width: 500,
@@ -23,7 +30,9 @@ fn photo_500x375() -> Vec<u8> {
         height: 375,
         format: turbojpeg::PixelFormat::RGB,
     };
-    turbojpeg::compress(image, 90, turbojpeg::Subsamp::Sub2x2).unwrap().to_vec()
+    turbojpeg::compress(image, 90, turbojpeg::Subsamp::Sub2x2)
+        .unwrap()
+        .to_vec()
 }
 
 fn pipeline(c: &mut Criterion) {
@@ -41,11 +50,22 @@ fn pipeline(c: &mut Criterion) {
     });
     let px = decode(&jpeg, false, None).unwrap();
     g.bench_function("resize 500x375 -> 341x256 RGB (SIMD, antialiased)", |b| {
-        b.iter(|| black_box(resize_interleaved(&px.data, (500, 375), 3, (341, 256), Resample::Linear).unwrap()))
+        b.iter(|| {
+            black_box(
+                resize_interleaved(&px.data, (500, 375), 3, (341, 256), Resample::Linear).unwrap(),
+            )
+        })
     });
     let img = image::RgbImage::from_raw(500, 375, px.data.clone()).unwrap();
     g.bench_function("resize 500x375 -> 341x256 RGB (image crate, before)", |b| {
-        b.iter(|| black_box(image::imageops::resize(&img, 341, 256, image::imageops::FilterType::Triangle)))
+        b.iter(|| {
+            black_box(image::imageops::resize(
+                &img,
+                341,
+                256,
+                image::imageops::FilterType::Triangle,
+            ))
+        })
     });
     let kept = Preprocess::Images {
         ops: vec![FieldOp::rgb()],
@@ -56,9 +76,17 @@ fn pipeline(c: &mut Criterion) {
         },
     };
     g.bench_function("preprocess: decode + resize 256 + planes", |b| {
-        b.iter(|| black_box(kept.apply(vec![Value::new(vec![jpeg.len() as u32], jpeg.clone())]).unwrap()))
+        b.iter(|| {
+            black_box(
+                kept.apply(vec![Value::new(vec![jpeg.len() as u32], jpeg.clone())])
+                    .unwrap(),
+            )
+        })
     });
-    let planes = to_planes(&resize_interleaved(&px.data, (500, 375), 3, (341, 256), Resample::Linear).unwrap(), 3);
+    let planes = to_planes(
+        &resize_interleaved(&px.data, (500, 375), 3, (341, 256), Resample::Linear).unwrap(),
+        3,
+    );
     let spec = FieldSpec::new("image", DType::Uint8, vec![Some(3), None, None]);
     let dims = [3, 256, 341];
     let spatial = vec![Some(Spatial {
@@ -82,7 +110,10 @@ fn pipeline(c: &mut Criterion) {
     };
     let mut out = vec![0u8; 3 * 224 * 224];
     let mut id = 0;
-    for (name, p) in [("eval: center crop 224 (copied)", &eval), ("train: random-resized crop 224 + flip", &train)] {
+    for (name, p) in [
+        ("eval: center crop 224 (copied)", &eval),
+        ("train: random-resized crop 224 + flip", &train),
+    ] {
         g.bench_function(name, |b| {
             b.iter(|| {
                 id += 1;

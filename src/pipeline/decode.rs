@@ -113,7 +113,10 @@ fn jpeg_header(h: raw::tjhandle, encoded: &[u8]) -> Result<((u32, u32), i32)> {
     if rc != 0 {
         bail!("not a JPEG that decodes: {}", error(h));
     }
-    ensure!(w > 0 && hgt > 0, "the JPEG ends before its size (the file is cut short)");
+    ensure!(
+        w > 0 && hgt > 0,
+        "the JPEG ends before its size (the file is cut short)"
+    );
     Ok(((w as u32, hgt as u32), colorspace))
 }
 

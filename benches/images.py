@@ -1,0 +1,164 @@
+"""Side by side, in one run on the same files: a folder of JPEGs to a training loop.
+
+    PYTHONPATH=python .venv/bin/python benches/images.py [--larderd target/release/larderd]
+        [--images 1500] [--epochs 3]
+
+Writes --images JPEGs of 500x375 (photo content: boxes of tests/fixtures/parrots.jpg at random
+places and scales, with a little noise, quality 90) in 10 class folders, then measures, with
+the files in the page cache, samples/s reaching the loop as uint8 [B, 3, 224, 224] batches of
+128 (the loop touches each batch):
+  - torchvision eval: ImageFolder with Resize(256) + CenterCrop(224) + PILToTensor (uint8, as
+    larder serves it), DataLoader(shuffle=True, num_workers=2, persistent_workers=True);
+  - torchvision train: the same with RandomResizedCrop(224) + RandomHorizontalFlip;
+  - larder cold epoch: a fresh daemon (empty memory and scratch tiers) and the recommended
+    setup (LarderIterableDataset, DataLoader(num_workers=0)), eval pipeline: decoding, resizing
+    and delivery in one epoch;
+  - `larder warm`: the CLI preprocessing the folder into the scratch tier of another fresh
+    daemon;
+  - larder warm epochs: the eval pipeline (center crop, no augmentation) and the train
+    pipeline (random-resized crop + flip per sample), memory tier warm.
+torchvision decodes every epoch, so its cold and warm epochs are alike. Each warm figure is the
+median of --epochs epochs; the table gives ratios to torchvision's eval recipe of the same run.
+"""
+
+import argparse
+import gc
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+from torchvision import datasets, transforms
+
+from larder.torch import LarderIterableDataset
+
+BATCH = 128
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def write_folder(root: pathlib.Path, n: int) -> int:
+    """n JPEGs of 500x375 in 10 classes; returns their bytes."""
+    base = Image.open(REPO / "tests" / "fixtures" / "parrots.jpg").convert("RGB")
+    rng = np.random.default_rng(0)
+    total = 0
+    for i in range(n):
+        w = int(rng.uniform(0.5, 1.0) * base.width)
+        h = int(w * 0.75)
+        x, y = int(rng.integers(0, base.width - w + 1)), int(rng.integers(0, base.height - min(h, base.height) + 1))
+        img = base.crop((x, y, x + w, y + h)).resize((500, 375), Image.BICUBIC)
+        px = np.asarray(img).astype(np.int16) + rng.normal(0, 7, (375, 500, 3)).astype(np.int16)
+        cls = root / f"c{i % 10}"
+        cls.mkdir(parents=True, exist_ok=True)
+        path = cls / f"{i:05d}.jpg"
+        Image.fromarray(np.clip(px, 0, 255).astype(np.uint8)).save(path, quality=90)
+        total += path.stat().st_size
+    return total
+
+
+def epoch_rate(batches) -> float:
+    """Samples/s of one pass over `batches` (pairs of images, labels)."""
+    t, n = time.perf_counter(), 0
+    for images, _ in batches:
+        assert images.dtype == torch.uint8 and images.shape[1:] == (3, 224, 224), images.shape
+        int(images.reshape(-1)[0])
+        n += images.shape[0]
+    return n / (time.perf_counter() - t)
+
+
+def median_rate(epochs, batches_of) -> float:
+    return float(np.median([epoch_rate(batches_of()) for _ in range(epochs)]))
+
+
+class Larderd:
+    """A fresh larderd (empty scratch tier) serving the folder as "pics"."""
+
+    def __init__(self, binary, tmp: pathlib.Path, name: str, folder: pathlib.Path, budget: int):
+        self.dir = tmp / name
+        self.dir.mkdir()
+        self.socket = self.dir / "larder.sock"
+        (self.dir / "larder.toml").write_text(
+            f'unix_socket = "{self.socket}"\n[scratch]\ndir = "{self.dir / "scratch"}"\n'
+            f"[memory]\nbudget_bytes = {budget}\n"
+            f'[[dataset]]\nname = "pics"\nkind = "images"\npath = "{folder}"\nresize = 256\ncrop = 224\n'
+            "[dataset.train]\n"
+        )
+        self.log = open(self.dir / "larderd.log", "wb")
+        self.proc = subprocess.Popen([binary, "--config", str(self.dir / "larder.toml")], stderr=self.log)
+        while not self.socket.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"larderd did not start; see {self.log.name}")
+            time.sleep(0.05)
+        self.address = f"unix:{self.socket}"
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--larderd", default=os.environ.get("LARDERD_BIN", "target/release/larderd"))
+    p.add_argument("--larder", default=str(REPO / "target" / "release" / "larder"))
+    p.add_argument("--images", type=int, default=1500)
+    p.add_argument("--epochs", type=int, default=3)
+    args = p.parse_args()
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="larder-images-"))
+    folder = tmp / "photos"
+    disk = write_folder(folder, args.images)
+    print(f"{args.images} JPEGs of 500x375, {disk / args.images / 1e3:.0f} kB each on average")
+    budget = args.images * 300_000
+
+    eval_tf = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.PILToTensor()])
+    train_tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+                                   transforms.PILToTensor()])
+    rows = {}
+    # Cold: one epoch through a fresh daemon, everything decoded on the way.
+    d = Larderd(args.larderd, tmp, "cold", folder, budget)
+    try:
+        ds = LarderIterableDataset("pics", BATCH, address=d.address, seed=1)
+        loader = DataLoader(ds, batch_size=None, num_workers=0)
+        rows["larder cold epoch (decode + resize + deliver)"] = epoch_rate(loader)
+        rows["larder warm epochs, eval (center crop)"] = median_rate(args.epochs, lambda: loader)
+        train = DataLoader(LarderIterableDataset("pics", BATCH, address=d.address, seed=1, pipeline="train"),
+                           batch_size=None, num_workers=0)
+        rows["larder warm epochs, train (random-resized crop + flip)"] = median_rate(args.epochs, lambda: train)
+    finally:
+        d.stop()
+    d = Larderd(args.larderd, tmp, "warm", folder, budget)
+    try:
+        t = time.perf_counter()
+        out = subprocess.run([args.larder, "--addr", d.address, "warm", "pics"], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        rows["larder warm (CLI, into the scratch tier)"] = args.images / (time.perf_counter() - t)
+    finally:
+        d.stop()
+    # torchvision last, its workers gone before anything else is measured.
+    for name, tf in (("torchvision ImageFolder, eval recipe", eval_tf),
+                     ("torchvision ImageFolder, train recipe", train_tf)):
+        loader = DataLoader(datasets.ImageFolder(str(folder), transform=tf), batch_size=BATCH, shuffle=True,
+                            num_workers=2, persistent_workers=True)
+        epoch_rate(loader)  # page cache, workers started
+        rows[name] = median_rate(args.epochs, lambda: loader)
+        del loader
+        gc.collect()
+
+    shutil.rmtree(tmp)
+
+    base = rows["torchvision ImageFolder, eval recipe"]
+    print(f"\nsamples/s and the ratio to torchvision's eval recipe of the same run ({os.cpu_count()} cores)")
+    print(f"{'':<58} {'samples/s':>10} {'ratio':>7}")
+    for name, rate in rows.items():
+        print(f"{name:<58} {rate:>10.0f} {rate / base:>6.2f}x")
+    train = rows["larder warm epochs, train (random-resized crop + flip)"]
+    print(f"\ntrain / eval, larder warm: {train / rows['larder warm epochs, eval (center crop)']:.2f}; "
+          f"larder train / torchvision train: {train / rows['torchvision ImageFolder, train recipe']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
