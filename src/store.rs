@@ -272,23 +272,27 @@ fn load_blocking(ds: &Dataset, locks: &[Mutex<()>], index: u64) -> Result<(Bytes
             }
             load_granule(ds, scratch, index)?
         }
-        _ => {
-            let raw = ds.source.read(index).with_context(|| {
-                format!(
-                    "reading {} of dataset {:?}",
-                    ds.source.sample_name(index),
-                    ds.name
-                )
-            })?;
-            let raw_bytes = raw_size(&raw);
-            let data = ds.prepare(index, raw)?;
-            if let Some(scratch) = &ds.scratch {
-                scratch.write(index, &data);
-            }
-            (data, raw_bytes)
-        }
+        _ => load_one(ds, ds.scratch.as_ref(), index)?,
     };
     Ok((Bytes::from(data), Tier::Raw, raw_bytes))
+}
+
+/// Sample `index` alone from raw storage, preprocessed (and written to `scratch`); with the
+/// raw bytes read.
+fn load_one(ds: &Dataset, scratch: Option<&ScratchTier>, index: u64) -> Result<(Vec<u8>, u64)> {
+    let raw = ds.source.read(index).with_context(|| {
+        format!(
+            "reading {} of dataset {:?}",
+            ds.source.sample_name(index),
+            ds.name
+        )
+    })?;
+    let raw_bytes = raw_size(&raw);
+    let data = ds.prepare(index, raw)?;
+    if let Some(scratch) = scratch {
+        scratch.write(index, &data);
+    }
+    Ok((data, raw_bytes))
 }
 
 /// Sample `index`, read with the rest of its granule (the aligned range of samples the source
@@ -301,17 +305,7 @@ fn load_granule(ds: &Dataset, scratch: &ScratchTier, index: u64) -> Result<(Vec<
     let count = granule.min(ds.len() - start);
     let Ok(mut raw) = ds.source.read_range(start, count) else {
         // A file of the range does not read: this sample alone (its own error, if it is one).
-        let raw = ds.source.read(index).with_context(|| {
-            format!(
-                "reading {} of dataset {:?}",
-                ds.source.sample_name(index),
-                ds.name
-            )
-        })?;
-        let raw_bytes = raw_size(&raw);
-        let data = ds.prepare(index, raw)?;
-        scratch.write(index, &data);
-        return Ok((data, raw_bytes));
+        return load_one(ds, Some(scratch), index);
     };
     let raw_bytes = raw.iter().map(raw_size).sum();
     let data = ds.prepare(index, std::mem::take(&mut raw[(index - start) as usize]))?;
