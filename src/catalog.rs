@@ -116,6 +116,11 @@ impl Dataset {
             .contains_key(&index)
     }
 
+    /// How many samples have been skipped so far.
+    pub fn bad_count(&self) -> u64 {
+        self.bad.lock().unwrap_or_else(|e| e.into_inner()).len() as u64
+    }
+
     /// The samples skipped so far: (index, why).
     pub fn bad_samples(&self) -> Vec<(u64, String)> {
         let bad = self.bad.lock().unwrap_or_else(|e| e.into_inner());
@@ -188,7 +193,7 @@ impl Dataset {
             sample_bytes: self.served.fixed_record_bytes().unwrap_or(0),
             fields,
             has_train_pipeline: self.train.is_some(),
-            bad_samples: self.bad.lock().unwrap_or_else(|e| e.into_inner()).len() as u64,
+            bad_samples: self.bad_count(),
         }
     }
 }

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from larder.client import Client
+from larder.client import Client, _request
 
 # Connections a forked worker inherited from its parent, kept from being closed in the child.
 _INHERITED: List[Client] = []
@@ -201,8 +201,8 @@ class LarderIterableDataset(IterableDataset):
         pipeline: str = "eval",
     ):
         super().__init__()
-        if pipeline not in ("eval", "train"):
-            raise ValueError(f"pipeline must be 'train' or 'eval', not {pipeline!r}")
+        # Bad arguments fail here rather than at the first batch (Client.stream's own checks).
+        _request(dataset, batch_size, variable_layout=variable_layout, pipeline=pipeline)
         self.dataset = dataset
         self.batch_size = batch_size
         self.address = address

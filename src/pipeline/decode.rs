@@ -20,11 +20,15 @@ pub struct Pixels {
     pub data: Vec<u8>,
 }
 
-/// Decodes `encoded` to RGB (`grey`: to one grey channel). `at_least`: the caller will shrink
-/// the image until its shorter side is this long, so a JPEG may be decoded at 1/2, 1/4 or 1/8
-/// of its size (DCT-domain scaling, much cheaper than decoding whole) as long as its shorter
-/// side stays at least that long. None: full size.
-pub fn decode(encoded: &[u8], grey: bool, at_least: Option<u32>) -> Result<Pixels> {
+/// Decodes `encoded` to RGB (`grey`: to one grey channel). `at_least`, given the file's (W,
+/// H) from its header: the shorter side the caller will shrink the image to, if it will; a JPEG
+/// may then be decoded at 1/2, 1/4 or 1/8 of its size (DCT-domain scaling, much cheaper than
+/// decoding whole) as long as its shorter side stays at least that long. None: full size.
+pub fn decode(
+    encoded: &[u8],
+    grey: bool,
+    at_least: impl FnOnce(u32, u32) -> Option<u32>,
+) -> Result<Pixels> {
     if encoded.starts_with(&[0xFF, 0xD8]) {
         return decode_jpeg(encoded, grey, at_least);
     }
@@ -47,18 +51,6 @@ pub fn decode(encoded: &[u8], grey: bool, at_least: Option<u32>) -> Result<Pixel
     })
 }
 
-/// The (W, H) of an image file from its header, when it is a JPEG or PNG whose header reads.
-pub fn dimensions(encoded: &[u8]) -> Option<(u32, u32)> {
-    if encoded.starts_with(&[0xFF, 0xD8]) {
-        return with_decompressor(|h| Ok(jpeg_header(h, encoded)?.0)).ok();
-    }
-    image::ImageReader::new(std::io::Cursor::new(encoded))
-        .with_guessed_format()
-        .ok()?
-        .into_dimensions()
-        .ok()
-}
-
 /// A TurboJPEG decompressor, one per thread (creating one costs more than a small decode).
 struct Handle(raw::tjhandle);
 
@@ -76,7 +68,11 @@ thread_local! {
 /// The scaling libjpeg-turbo applies fast (in the IDCT): 1/8, 1/4, 1/2, 1.
 const DCT_SCALES: [u32; 4] = [8, 4, 2, 1];
 
-fn decode_jpeg(encoded: &[u8], grey: bool, at_least: Option<u32>) -> Result<Pixels> {
+fn decode_jpeg(
+    encoded: &[u8],
+    grey: bool,
+    at_least: impl FnOnce(u32, u32) -> Option<u32>,
+) -> Result<Pixels> {
     with_decompressor(|h| decode_jpeg_with(h, encoded, grey, at_least))
 }
 
@@ -124,12 +120,12 @@ fn decode_jpeg_with(
     h: raw::tjhandle,
     encoded: &[u8],
     grey: bool,
-    at_least: Option<u32>,
+    at_least: impl FnOnce(u32, u32) -> Option<u32>,
 ) -> Result<Pixels> {
     let ((w, hgt), colorspace) = jpeg_header(h, encoded)?;
     let len = encoded.len() as libc::c_ulong;
     // The largest DCT reduction that keeps the shorter side at least `at_least`.
-    let denom = match at_least {
+    let denom = match at_least(w, hgt) {
         Some(t) if t > 0 => DCT_SCALES
             .into_iter()
             .find(|&d| w.min(hgt).div_ceil(d) >= t)
@@ -281,11 +277,11 @@ mod tests {
     #[test]
     fn jpegs_decode_to_rgb_close_to_their_pixels() {
         let px = gradient(64, 48);
-        let p = decode(&jpeg(64, 48, &px, 3), false, None).unwrap();
+        let p = decode(&jpeg(64, 48, &px, 3), false, |_, _| None).unwrap();
         assert_eq!((p.width, p.height, p.channels), (64, 48, 3));
         let worst = p.data.iter().zip(&px).map(|(a, b)| a.abs_diff(*b)).max();
         assert!(worst.unwrap() <= 8, "{worst:?}");
-        let g = decode(&jpeg(64, 48, &px, 3), true, None).unwrap();
+        let g = decode(&jpeg(64, 48, &px, 3), true, |_, _| None).unwrap();
         assert_eq!((g.channels, g.data.len()), (1, 64 * 48));
     }
 
@@ -301,7 +297,7 @@ mod tests {
             (6, (8, 6)),
             (2, (8, 6)),
         ] {
-            let p = decode(&file, false, Some(target)).unwrap();
+            let p = decode(&file, false, |_, _| Some(target)).unwrap();
             assert_eq!((p.width, p.height), size, "target {target}");
         }
     }
@@ -309,7 +305,7 @@ mod tests {
     #[test]
     fn grey_jpegs_become_three_equal_channels() {
         let px: Vec<u8> = (0..32 * 16).map(|i| (i % 200) as u8).collect();
-        let p = decode(&jpeg(32, 16, &px, 1), false, None).unwrap();
+        let p = decode(&jpeg(32, 16, &px, 1), false, |_, _| None).unwrap();
         assert_eq!(p.channels, 3);
         assert!(p.data.chunks_exact(3).all(|c| c[0] == c[1] && c[1] == c[2]));
     }
@@ -317,15 +313,15 @@ mod tests {
     #[test]
     fn truncated_and_garbage_files_are_errors() {
         let file = jpeg(64, 48, &gradient(64, 48), 3);
-        let err = decode(&file[..file.len() / 2], false, None).unwrap_err();
+        let err = decode(&file[..file.len() / 2], false, |_, _| None).unwrap_err();
         assert!(
             format!("{err:#}").contains("does not decode whole"),
             "{err:#}"
         );
         let mut png_head = b"\x89PNG\r\n\x1a\n".to_vec();
         png_head.extend_from_slice(&[7; 100]);
-        assert!(decode(&png_head, false, None).is_err());
-        assert!(decode(b"\xFF\xD8 not really", false, None).is_err());
+        assert!(decode(&png_head, false, |_, _| None).is_err());
+        assert!(decode(b"\xFF\xD8 not really", false, |_, _| None).is_err());
     }
 
     #[test]

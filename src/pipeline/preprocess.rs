@@ -151,9 +151,12 @@ fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample) -> Result<Vec<Value>
             let grey = *mode == ImageMode::Gray;
             // Decoded at 1/2, 1/4 or 1/8 when that still leaves enough pixels for the size
             // kept (the reference's size is known from the file's header).
-            let target = kept.or_else(|| decode::dimensions(&value.data).map(|d| resize.size(d)));
-            let at_least = target.map(|(w, h)| (w * s).min(h * s));
-            let px = decode::decode(&value.data, grey, at_least.filter(|_| resize.shorter > 0))?;
+            let known = kept;
+            let at_least = |w, h| {
+                let (w, h) = known.unwrap_or_else(|| resize.size((w, h)));
+                (resize.shorter > 0).then_some((w * s).min(h * s))
+            };
+            let px = decode::decode(&value.data, grey, at_least)?;
             let (w, h) = (px.width, px.height);
             ensure!(w > 0 && h > 0, "image is empty");
             let size = *kept.get_or_insert_with(|| resize.size((w, h)));

@@ -229,11 +229,7 @@ impl Larder for Service {
             shm_rings,
             shm_bytes,
             shm_budget_bytes,
-            bad_samples: self
-                .catalog
-                .iter()
-                .map(|d| d.bad_samples().len() as u64)
-                .sum(),
+            bad_samples: self.catalog.iter().map(|d| d.bad_count()).sum(),
             ..self.store.metrics.to_proto()
         }))
     }

@@ -227,15 +227,20 @@ fn pack_batch(
                 .collect(),
         }
     };
-    // All dims of stored field f of sample k.
-    let dims = |f: usize, k: usize| -> Vec<u32> {
+    // All dims of stored field f of sample k (of every sample, when fixed).
+    let fixed_dims: Vec<Vec<u32>> = match &fixed {
+        Some(_) => ds
+            .schema
+            .fields
+            .iter()
+            .map(|f| f.shape.iter().map(|d| d.unwrap_or(0)).collect())
+            .collect(),
+        None => vec![],
+    };
+    let dims = |f: usize, k: usize| -> &[u32] {
         match &fixed {
-            Some(_) => ds.schema.fields[f]
-                .shape
-                .iter()
-                .map(|d| d.unwrap_or(0))
-                .collect(),
-            None => records[k][f].dims.clone(),
+            Some(_) => &fixed_dims[f],
+            None => &records[k][f].dims,
         }
     };
     // Each sample's cut, drawn in the reference field's (H, W).
@@ -277,7 +282,7 @@ fn pack_batch(
                         p.apply(
                             f,
                             &ds.schema.fields[f],
-                            &dims(f, k),
+                            dims(f, k),
                             data,
                             cut,
                             &mut dst[k * per..(k + 1) * per],
