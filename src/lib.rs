@@ -16,6 +16,7 @@ pub mod scratch;
 pub mod server;
 pub mod source;
 pub mod store;
+pub mod workers;
 
 /// Generated gRPC types for `larder.v1`.
 pub mod proto {

@@ -1,6 +1,6 @@
 //! Sample lookup through the tiers: memory -> scratch -> raw source + preprocess, filling the
 //! tiers on the way. Concurrent requests for one sample share one fetch; disk reads and
-//! preprocessing run on a bounded pool of worker threads. A sample whose files do not read or
+//! preprocessing run on the preprocessing pool (`workers.rs`). A sample whose files do not read or
 //! decode is, by the dataset's `on_error`, skipped (recorded once and not tried again while the
 //! daemon runs) or an error.
 
@@ -10,6 +10,7 @@ use crate::memory::{Key, MemoryTier};
 use crate::metrics::{Metrics, Tier};
 use crate::scratch::ScratchTier;
 use crate::source::RawSample;
+use crate::workers::Workers;
 use anyhow::{anyhow, Context, Result};
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
@@ -17,7 +18,7 @@ use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 
 /// A fetch in flight: the sample's bytes, or None for a sample skipped as bad.
 type Fetch = Shared<BoxFuture<'static, Result<Option<Bytes>, Arc<anyhow::Error>>>>;
@@ -26,9 +27,8 @@ pub struct Store {
     pub memory: Arc<MemoryTier>,
     pub metrics: Arc<Metrics>,
     inflight: Mutex<HashMap<Key, Fetch>>,
-    /// Bounds the blocking work (disk reads, preprocessing) running at once.
-    workers: Arc<Semaphore>,
-    num_workers: usize,
+    /// Threads for the blocking work (disk reads, preprocessing).
+    workers: Arc<Workers>,
     /// Samples per epoch of all open streams together.
     streaming_samples: AtomicU64,
     /// Striped by (dataset, granule): one worker reads a granule from raw storage while the
@@ -39,16 +39,20 @@ pub struct Store {
 const GRANULE_LOCKS: usize = 64;
 
 impl Store {
-    pub fn new(memory: Arc<MemoryTier>, metrics: Arc<Metrics>, workers: usize) -> Arc<Store> {
-        Arc::new(Store {
+    /// A store over `memory` with `workers` preprocessing threads.
+    pub fn new(
+        memory: Arc<MemoryTier>,
+        metrics: Arc<Metrics>,
+        workers: usize,
+    ) -> Result<Arc<Store>> {
+        Ok(Arc::new(Store {
             memory,
             metrics,
             inflight: Mutex::new(HashMap::new()),
-            workers: Arc::new(Semaphore::new(workers.max(1))),
-            num_workers: workers.max(1),
+            workers: Arc::new(Workers::new(workers).context("starting the preprocessing threads")?),
             streaming_samples: AtomicU64::new(0),
             granule_locks: (0..GRANULE_LOCKS).map(|_| Mutex::new(())).collect(),
-        })
+        }))
     }
 
     /// The preprocessed bytes of sample `index` of `ds`; None when the sample is skipped because
@@ -124,11 +128,10 @@ impl Store {
     /// The sample through the scratch and raw tiers, on the worker pool. The outer error is
     /// the daemon's (the pool); the inner one the sample's (its files do not read or decode).
     async fn load(&self, ds: &Arc<Dataset>, index: u64) -> Result<Result<(Bytes, Tier, u64)>> {
-        let _permit = self.workers.acquire().await.context("worker pool closed")?;
         let (ds, locks) = (ds.clone(), self.granule_locks.clone());
-        tokio::task::spawn_blocking(move || load_blocking(&ds, &locks, index))
+        self.workers
+            .run(move || load_blocking(&ds, &locks, index))
             .await
-            .context("worker task failed")
     }
 
     /// Preprocesses every sample of `ds` missing from its scratch tier into it, reporting
@@ -154,12 +157,11 @@ impl Store {
             .map(|start| {
                 let (ds, workers) = (ds.clone(), self.workers.clone());
                 async move {
-                    let _permit = workers.acquire_owned().await?;
                     let count = CHUNK.min(total - start);
-                    tokio::task::spawn_blocking(move || warm_chunk(&ds, start, count)).await?
+                    workers.run(move || warm_chunk(&ds, start, count)).await?
                 }
             })
-            .buffer_unordered(self.num_workers);
+            .buffer_unordered(self.workers.threads());
         while let Some(chunk) = chunks.next().await {
             let (written, present, bad, count) = chunk?;
             state.written += written;

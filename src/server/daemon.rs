@@ -51,7 +51,7 @@ impl Daemon {
         let workers = config
             .preprocess_workers
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-        let store = Store::new(memory.clone(), metrics.clone(), workers);
+        let store = Store::new(memory.clone(), metrics.clone(), workers)?;
         let watcher = tokio::spawn(memory::watch_available_memory(
             memory,
             floor,

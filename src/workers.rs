@@ -1,0 +1,146 @@
+//! The preprocessing pool: a fixed number of threads that read raw files, decode and resize,
+//! taking jobs first come, first served. A thread goes from one job straight to the next
+//! (no permit to give back through the async runtime between two samples), which keeps every
+//! core busy during a cold epoch.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex};
+use tokio::sync::oneshot;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The pool. Dropping the last handle lets the threads finish the queued jobs and exit.
+pub struct Workers {
+    shared: Arc<Shared>,
+    threads: usize,
+}
+
+struct Shared {
+    /// Jobs not started yet, oldest first; `closed` once the pool is dropped.
+    queue: Mutex<Queue>,
+    /// Signalled when a job is queued or the pool closes.
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    closed: bool,
+}
+
+impl Workers {
+    /// Starts `threads` (at least 1) threads named `larder-prep-N`.
+    pub fn new(threads: usize) -> std::io::Result<Workers> {
+        let threads = threads.max(1);
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::default()),
+            ready: Condvar::new(),
+        });
+        for n in 0..threads {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("larder-prep-{n}"))
+                .spawn(move || shared.work())?;
+        }
+        Ok(Workers { shared, threads })
+    }
+
+    /// Threads in the pool.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Runs `f` on the pool; its result, or an error if the job panicked.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> anyhow::Result<T> {
+        let (tx, rx) = oneshot::channel();
+        self.shared.push(Box::new(move || {
+            // A waiter that went away no longer wants the result.
+            let _ = tx.send(f());
+        }));
+        rx.await
+            .map_err(|_| anyhow::anyhow!("a preprocessing job panicked (see the daemon's log)"))
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, job: Job) {
+        self.lock().jobs.push_back(job);
+        self.ready.notify_one();
+    }
+
+    fn work(&self) {
+        loop {
+            let job = {
+                let mut q = self.lock();
+                loop {
+                    if let Some(job) = q.jobs.pop_front() {
+                        break job;
+                    }
+                    if q.closed {
+                        return;
+                    }
+                    q = self.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            // A panicking job drops its result sender (its waiter gets the error) and the
+            // thread goes on with the next job.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+        }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.shared.lock().closed = true;
+        self.shared.ready.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn runs_jobs_on_its_threads_at_most_n_at_once() {
+        let pool = Arc::new(Workers::new(2).unwrap());
+        let (running, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let jobs = (0..16).map(|i| {
+            let (pool, running, most) = (pool.clone(), running.clone(), most.clone());
+            async move {
+                pool.run(move || {
+                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                    running.fetch_sub(1, Ordering::SeqCst);
+                    let name = std::thread::current().name().unwrap_or("").to_string();
+                    (i, name)
+                })
+                .await
+                .unwrap()
+            }
+        });
+        let done = futures::future::join_all(jobs).await;
+        assert_eq!(
+            done.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            (0..16).collect::<Vec<_>>()
+        );
+        assert!(done.iter().all(|(_, n)| n.starts_with("larder-prep-")));
+        assert_eq!(most.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_panicking_job_is_an_error_and_the_pool_goes_on() {
+        let pool = Workers::new(1).unwrap();
+        let err = pool.run(|| panic!("boom")).await.unwrap_err();
+        assert!(err.to_string().contains("panicked"), "{err}");
+        assert_eq!(pool.run(|| 7).await.unwrap(), 7);
+    }
+}
