@@ -1,7 +1,7 @@
 """Side by side, in one run on the same files: a folder of JPEGs to a training loop.
 
     PYTHONPATH=python .venv/bin/python benches/images.py [--larderd target/release/larderd]
-        [--images 1500] [--epochs 3]
+        [--images 1500] [--rounds 3] [--epochs 2]
 
 Writes --images JPEGs of 500x375 (photo content: boxes of tests/fixtures/parrots.jpg at random
 places and scales, with a little noise, quality 90) in 10 class folders, then measures, with
@@ -17,8 +17,11 @@ the files in the page cache, samples/s reaching the loop as uint8 [B, 3, 224, 22
     daemon;
   - larder warm epochs: the eval pipeline (center crop, no augmentation) and the train
     pipeline (random-resized crop + flip per sample), memory tier warm.
-torchvision decodes every epoch, so its cold and warm epochs are alike. Each warm figure is the
-median of --epochs epochs; the table gives ratios to torchvision's eval recipe of the same run.
+torchvision decodes every epoch, so its cold and warm epochs are alike. The machine's speed
+drifts (it is shared), so the setups take turns: each of --rounds rounds measures every row once
+(torchvision one epoch per recipe, larder a fresh daemon's cold epoch, then --epochs warm epochs
+per pipeline, and `larder warm` into another fresh daemon); the table gives each row's median
+over the rounds, and ratios to torchvision's eval recipe.
 """
 
 import argparse
@@ -106,7 +109,8 @@ def main():
     p.add_argument("--larderd", default=os.environ.get("LARDERD_BIN", "target/release/larderd"))
     p.add_argument("--larder", default=str(REPO / "target" / "release" / "larder"))
     p.add_argument("--images", type=int, default=1500)
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=2)
     args = p.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="larder-images-"))
     folder = tmp / "photos"
@@ -120,44 +124,59 @@ def main():
     eval_tf = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.PILToTensor()])
     train_tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
                                    transforms.PILToTensor()])
-    rows = {}
-    # Cold: one epoch through a fresh daemon, everything decoded on the way.
-    d = Larderd(args.larderd, tmp, "cold", folder, budget)
-    try:
-        ds = LarderIterableDataset("pics", BATCH, address=d.address, seed=1)
-        loader = DataLoader(ds, batch_size=None, num_workers=0)
-        rows["larder cold epoch (decode + resize + deliver)"] = epoch_rate(loader)
-        rows["larder warm epochs, eval (center crop)"] = median_rate(args.epochs, lambda: loader)
-        train = DataLoader(LarderIterableDataset("pics", BATCH, address=d.address, seed=1, pipeline="train"),
-                           batch_size=None, num_workers=0)
-        rows["larder warm epochs, train (random-resized crop + flip)"] = median_rate(args.epochs, lambda: train)
-    finally:
-        d.stop()
-    d = Larderd(args.larderd, tmp, "warm", folder, budget)
-    try:
-        t = time.perf_counter()
-        out = subprocess.run([args.larder, "--addr", d.address, "warm", "pics"], capture_output=True, text=True)
-        assert out.returncode == 0, out.stderr
-        rows["larder warm (CLI, into the scratch tier)"] = args.images / (time.perf_counter() - t)
-    finally:
-        d.stop()
-    # torchvision last, its workers gone before anything else is measured.
+    torchvision = {}
     for name, tf in (("torchvision ImageFolder, eval recipe", eval_tf),
                      ("torchvision ImageFolder, train recipe", train_tf)):
-        loader = DataLoader(datasets.ImageFolder(str(folder), transform=tf), batch_size=BATCH, shuffle=True,
-                            num_workers=2, persistent_workers=True)
-        epoch_rate(loader)  # page cache, workers started
-        rows[name] = median_rate(args.epochs, lambda: loader)
-        del loader
-        gc.collect()
+        torchvision[name] = DataLoader(datasets.ImageFolder(str(folder), transform=tf), batch_size=BATCH,
+                                       shuffle=True, num_workers=2, persistent_workers=True)
+        epoch_rate(torchvision[name])  # workers started
+    rows = {}
+
+    def add(name, rate):
+        rows.setdefault(name, []).append(rate)
+
+    for r in range(args.rounds):
+        for name, loader in torchvision.items():
+            add(name, epoch_rate(loader))
+        # Cold: one epoch through a fresh daemon, everything decoded on the way; then warm ones.
+        d = Larderd(args.larderd, tmp, f"cold{r}", folder, budget)
+        try:
+            ds = LarderIterableDataset("pics", BATCH, address=d.address, seed=1)
+            loader = DataLoader(ds, batch_size=None, num_workers=0)
+            add("larder cold epoch (decode + resize + deliver)", epoch_rate(loader))
+            add("larder warm epochs, eval (center crop)", median_rate(args.epochs, lambda: loader))
+            train = DataLoader(LarderIterableDataset("pics", BATCH, address=d.address, seed=1, pipeline="train"),
+                               batch_size=None, num_workers=0)
+            add("larder warm epochs, train (random-resized crop + flip)", median_rate(args.epochs, lambda: train))
+        finally:
+            d.stop()
+        shutil.rmtree(d.dir)
+        d = Larderd(args.larderd, tmp, f"warm{r}", folder, budget)
+        try:
+            t = time.perf_counter()
+            out = subprocess.run([args.larder, "--addr", d.address, "warm", "pics"], capture_output=True,
+                                 text=True)
+            assert out.returncode == 0, out.stderr
+            add("larder warm (CLI, into the scratch tier)", args.images / (time.perf_counter() - t))
+        finally:
+            d.stop()
+        shutil.rmtree(d.dir)
+    del torchvision
+    gc.collect()
+    spread = {name: (min(rates), max(rates)) for name, rates in rows.items()}
+    rows = {name: float(np.median(rates)) for name, rates in rows.items()}
+    order = ["torchvision ImageFolder, eval recipe", "torchvision ImageFolder, train recipe"]
+    rows = {name: rows[name] for name in order + [n for n in rows if n not in order]}
 
     shutil.rmtree(tmp)
 
     base = rows["torchvision ImageFolder, eval recipe"]
-    print(f"\nsamples/s and the ratio to torchvision's eval recipe of the same run ({os.cpu_count()} cores)")
-    print(f"{'':<58} {'samples/s':>10} {'ratio':>7}")
+    print(f"\nsamples/s (median of {args.rounds} rounds) and the ratio to torchvision's eval recipe of the "
+          f"same run ({os.cpu_count()} cores)")
+    print(f"{'':<58} {'samples/s':>10} {'ratio':>7}   rounds' range")
     for name, rate in rows.items():
-        print(f"{name:<58} {rate:>10.0f} {rate / base:>6.2f}x")
+        lo, hi = spread[name]
+        print(f"{name:<58} {rate:>10.0f} {rate / base:>6.2f}x   {lo:.0f}-{hi:.0f}")
     train = rows["larder warm epochs, train (random-resized crop + flip)"]
     print(f"\ntrain / eval, larder warm: {train / rows['larder warm epochs, eval (center crop)']:.2f}; "
           f"larder train / torchvision train: {train / rows['torchvision ImageFolder, train recipe']:.2f}x")
