@@ -3,6 +3,7 @@
 //! Data path: sampler (seeded, sharded order) -> store (memory LRU -> raw source) ->
 //! batch assembly -> gRPC stream. See README.md.
 
+pub mod alloc;
 pub mod catalog;
 pub mod client;
 pub mod config;

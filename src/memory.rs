@@ -219,7 +219,13 @@ pub async fn watch_available_memory(
             tracing::info!(available, floor, "machine memory recovered");
         }
         short = available < floor;
+        let before = tier.snapshot().bytes;
         tier.set_limit(limit);
+        if short && tier.snapshot().bytes < before {
+            // What the tier let go, back to the machine now rather than at the allocator's
+            // leisure.
+            crate::alloc::give_back();
+        }
     }
 }
 

@@ -1,6 +1,8 @@
 //! The gRPC server: `service` (handlers and validation), `stream` (batch assembly and metered
-//! forwarding), `shm` (shared-memory rings for clients on the Unix socket), `daemon` (wiring and listeners).
+//! forwarding), `shm` (shared-memory rings for clients on the Unix socket), `buffers` (message
+//! buffers reused by the bytes path), `daemon` (wiring and listeners).
 
+mod buffers;
 mod daemon;
 mod service;
 mod shm;

@@ -1,9 +1,12 @@
 //! The gRPC handlers: validation, the datasets, stats, warming, and opening streams. Handlers
 //! hold shared state only.
 
+use super::buffers::MessageBuffers;
 use super::daemon::until_stopped;
 use super::shm::{Peer, Ring, Rings};
-use super::stream::{assemble, slot_offsets, MeteredStream, Selection, MAX_BATCH_BYTES};
+use super::stream::{
+    assemble, slot_offsets, MeteredStream, Selection, MAX_BATCH_BYTES, MESSAGE_BUFFERS_KEPT,
+};
 use crate::catalog::{Catalog, Dataset, PipelineKind};
 use crate::config::Config;
 use crate::proto::larder_server::Larder;
@@ -30,6 +33,8 @@ pub struct Service {
     expansion_factor: f64,
     /// Shared-memory rings of clients on the Unix socket.
     rings: Arc<Rings>,
+    /// Buffers for batches sent in messages, reused between batches.
+    buffers: Arc<MessageBuffers>,
     /// Becomes true when the daemon shuts down: open streams end with UNAVAILABLE.
     shutdown: watch::Receiver<bool>,
 }
@@ -45,6 +50,7 @@ impl Service {
         Service {
             shutdown,
             rings,
+            buffers: Arc::new(MessageBuffers::new(MESSAGE_BUFFERS_KEPT)),
             catalog,
             store,
             prefetch_batches: config.prefetch_batches,
@@ -334,7 +340,7 @@ impl Larder for Service {
         );
         let guard = self.store.open_stream(plan.remaining_samples());
         let (plan_start, plan_end) = (plan.start_batch, plan.num_batches);
-        let store = self.store.clone();
+        let (store, buffers) = (self.store.clone(), self.buffers.clone());
         let prefetch = self.prefetch_batches;
         let shutdown = self.shutdown.clone();
         let (tx, rx) = mpsc::channel(1);
@@ -349,18 +355,22 @@ impl Larder for Service {
             let started = Instant::now();
             let (plan, sel) = (Arc::new(plan), Arc::new(sel));
             // Assemble up to `prefetch` batches ahead of the client, in order.
-            let mut batches = futures::stream::iter(plan.start_batch..plan.num_batches)
-                .map(|b| {
-                    let (store, ds, plan, sel, ring) = (
-                        store.clone(),
-                        ds.clone(),
-                        plan.clone(),
-                        sel.clone(),
-                        ring.clone(),
-                    );
-                    async move { assemble(&store, &ds, &plan, &sel, b, ring.as_ref()).await }
-                })
-                .buffered(prefetch);
+            let mut batches =
+                futures::stream::iter(plan.start_batch..plan.num_batches)
+                    .map(|b| {
+                        let (store, ds, plan, sel, ring, buffers) = (
+                            store.clone(),
+                            ds.clone(),
+                            plan.clone(),
+                            sel.clone(),
+                            ring.clone(),
+                            buffers.clone(),
+                        );
+                        async move {
+                            assemble(&store, &ds, &plan, &sel, b, ring.as_ref(), &buffers).await
+                        }
+                    })
+                    .buffered(prefetch);
             let mut shutdown = shutdown;
             loop {
                 let result = tokio::select! {

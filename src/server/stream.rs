@@ -1,6 +1,7 @@
 //! One stream of batches: which fields it serves and how, batch assembly (per field one
 //! contiguous buffer), and the metered, shutdown-aware forwarding to the client.
 
+use super::buffers::MessageBuffers;
 use super::shm::{Ring, Slot};
 use crate::catalog::Dataset;
 use crate::fields::{FieldSpec, Schema};
@@ -10,7 +11,7 @@ use crate::proto::{Batch, FieldBatch, VariableLayout};
 use crate::sampler::Plan;
 use crate::store::Store;
 use anyhow::{ensure, Context, Result};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::Stream;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -21,6 +22,9 @@ use tonic::Status;
 
 /// Largest batch, in bytes, one message may carry.
 pub const MAX_BATCH_BYTES: u64 = 256 << 20;
+
+/// Bytes of spare message buffers the daemon keeps for reuse (see `buffers.rs`).
+pub const MESSAGE_BUFFERS_KEPT: usize = 256 << 20;
 
 /// What a stream serves of each sample.
 #[derive(Debug, Clone)]
@@ -113,7 +117,8 @@ impl Selection {
 /// Reads the samples of batch `b` through the store (leaving out samples skipped as bad), and
 /// packs each selected field into one contiguous buffer, each sample cut by the stream's
 /// pipeline: into a slot of the stream's shared-memory ring when it has a free one the batch
-/// fits in, else into the message. Returns the batch and the slot it went into.
+/// fits in, else into the message (a buffer from `buffers`). Returns the batch and the slot it
+/// went into.
 pub async fn assemble(
     store: &Arc<Store>,
     ds: &Arc<Dataset>,
@@ -121,6 +126,7 @@ pub async fn assemble(
     sel: &Arc<Selection>,
     b: u64,
     ring: Option<&Arc<Ring>>,
+    buffers: &Arc<MessageBuffers>,
 ) -> Result<(Batch, Option<Slot>)> {
     let planned = plan.batch(b);
     let fetched = futures::future::try_join_all(planned.iter().map(|&i| store.get(ds, i))).await?;
@@ -137,16 +143,17 @@ pub async fn assemble(
     let (fields, slot, ids) = if sel.pipeline.is_some() {
         // Cutting (and resampling) is CPU work: off the async threads, batches in parallel.
         let (ds, sel, metrics) = (ds.clone(), sel.clone(), store.metrics.clone());
+        let buffers = buffers.clone();
         tokio::task::spawn_blocking(move || {
-            let (fields, slot) =
-                pack_batch(&ds, &sel, &ids, &samples, slot, shm.then_some(&*metrics), b)?;
+            let metrics = shm.then_some(&*metrics);
+            let (fields, slot) = pack_batch(&ds, &sel, &ids, &samples, slot, &buffers, metrics, b)?;
             Ok::<_, anyhow::Error>((fields, slot, ids))
         })
         .await
         .context("batch assembly failed")??
     } else {
         let metrics = shm.then_some(&*store.metrics);
-        let (fields, slot) = pack_batch(ds, sel, &ids, &samples, slot, metrics, b)?;
+        let (fields, slot) = pack_batch(ds, sel, &ids, &samples, slot, buffers, metrics, b)?;
         (fields, slot, ids)
     };
     let mut batch = Batch {
@@ -179,13 +186,16 @@ pub async fn assemble(
 
 /// The selected fields of samples `ids` (their records `samples`), each as one contiguous
 /// buffer: in `slot` if it is large enough (else the slot is let go and the bytes go in the
-/// messages). `metrics`, for streams with a ring: counts where the batch went.
+/// messages, in buffers from `buffers`). `metrics`, for streams with a ring: counts where the
+/// batch went.
+#[allow(clippy::too_many_arguments)]
 fn pack_batch(
     ds: &Dataset,
     sel: &Selection,
     ids: &[u64],
     samples: &[Bytes],
     mut slot: Option<Slot>,
+    buffers: &MessageBuffers,
     metrics: Option<&Metrics>,
     b: u64,
 ) -> Result<(Vec<FieldBatch>, Option<Slot>)> {
@@ -319,14 +329,15 @@ fn pack_batch(
                     "batch {b} of {:?} takes over {MAX_BATCH_BYTES} bytes, more than one message may carry: ask for a smaller batch_size",
                     ds.name
                 );
-                batch.data = match &cuts {
+                let mut data = buffers.take(layout.bytes);
+                match &cuts {
                     Some((p, _)) if p.spatial[f].is_some() => {
-                        let mut data = vec![0u8; layout.bytes];
+                        data.resize(layout.bytes, 0);
                         write(f, &v, &layout, &mut data)?;
-                        Bytes::from(data)
                     }
-                    _ => layout.to_bytes(&v),
-                };
+                    _ => layout.append_to(&v, &mut data),
+                }
+                batch.data = buffers.finish(data);
             }
         }
         out.push(batch);
@@ -441,23 +452,21 @@ impl FieldLayout {
         }
     }
 
-    /// The values as a new buffer for the message (written once: no zeroing but the padding's).
-    fn to_bytes(&self, values: &[(&[u32], &[u8])]) -> Bytes {
-        let data = match &self.padded_to {
+    /// Appends the values to `dst` (for a message; written once: no zeroing but the
+    /// padding's).
+    fn append_to(&self, values: &[(&[u32], &[u8])], dst: &mut BytesMut) {
+        match &self.padded_to {
             None => {
-                let mut data = Vec::with_capacity(self.bytes);
                 for (_, v) in values {
-                    data.extend_from_slice(v);
+                    dst.extend_from_slice(v);
                 }
-                data
             }
             Some(max) => {
-                let mut data = vec![0u8; self.bytes];
-                self.pad_into(values, max, &mut data);
-                data
+                let at = dst.len();
+                dst.resize(at + self.bytes, 0);
+                self.pad_into(values, max, &mut dst[at..]);
             }
-        };
-        Bytes::from(data)
+        }
     }
 
     /// Copies each value to the start of its zeroed `max`-sized place in `dst`.
@@ -482,8 +491,10 @@ fn pack<'a>(
 ) -> FieldBatch {
     let values: Vec<_> = values.collect();
     let l = FieldLayout::new(spec, &values, layout);
+    let mut data = BytesMut::new();
+    l.append_to(&values, &mut data);
     FieldBatch {
-        data: l.to_bytes(&values),
+        data: data.freeze(),
         ..l.batch
     }
 }
