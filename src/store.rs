@@ -81,8 +81,8 @@ impl Store {
                         return Ok(Some(data));
                     }
                     // The fetch runs as its own task: it finishes (and fills the tiers) even if
-                    // every client waiting on it goes away, and never sits half-done holding a
-                    // worker permit.
+                    // every client waiting on it goes away, so a preprocessing job already queued
+                    // is never done for nothing.
                     let task = tokio::spawn(self.clone().fetch(ds.clone(), index));
                     let f = async move {
                         task.await

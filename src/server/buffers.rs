@@ -7,6 +7,9 @@
 use bytes::{Bytes, BytesMut};
 use std::sync::Mutex;
 
+/// Bytes of spare message buffers the daemon keeps for reuse.
+pub const MESSAGE_BUFFERS_KEPT: usize = 256 << 20;
+
 /// The daemon's spare message buffers.
 pub struct MessageBuffers {
     /// Empty handles on the allocations of earlier batches, with their sizes: each shares its

@@ -1,12 +1,10 @@
 //! The gRPC handlers: validation, the datasets, stats, warming, and opening streams. Handlers
 //! hold shared state only.
 
-use super::buffers::MessageBuffers;
+use super::buffers::{MessageBuffers, MESSAGE_BUFFERS_KEPT};
 use super::daemon::until_stopped;
 use super::shm::{Peer, Ring, Rings};
-use super::stream::{
-    assemble, slot_offsets, MeteredStream, Selection, MAX_BATCH_BYTES, MESSAGE_BUFFERS_KEPT,
-};
+use super::stream::{assemble, slot_offsets, MeteredStream, Selection, MAX_BATCH_BYTES};
 use crate::catalog::{Catalog, Dataset, PipelineKind};
 use crate::config::Config;
 use crate::proto::larder_server::Larder;

@@ -23,9 +23,6 @@ use tonic::Status;
 /// Largest batch, in bytes, one message may carry.
 pub const MAX_BATCH_BYTES: u64 = 256 << 20;
 
-/// Bytes of spare message buffers the daemon keeps for reuse (see `buffers.rs`).
-pub const MESSAGE_BUFFERS_KEPT: usize = 256 << 20;
-
 /// What a stream serves of each sample.
 #[derive(Debug, Clone)]
 pub struct Selection {
