@@ -1,31 +1,95 @@
-//! How the daemon asks the C allocator (glibc's malloc) to treat its memory. Batches for
-//! gRPC messages are tens of MB; by default glibc maps each such buffer fresh from the kernel
-//! and unmaps it when freed, so every batch costs a page fault per 4 KiB (4,700 for one batch
-//! of 128 ImageNet-size samples) and an munmap: more of the daemon's time than copying the
-//! samples. Kept in the heap instead, a freed buffer serves the next batch. Memory the daemon
-//! frees stays with it until the heap's free top exceeds `TRIM_BYTES`, and is given back to
-//! the machine at once when it runs short (`give_back`, after the memory tier has shrunk).
+//! The daemon's allocator, and its memory as the kernel counts it.
+//!
+//! Rust's allocations go to jemalloc, not glibc's malloc. Batches for gRPC messages are tens of
+//! MB, and each stream asks for its own sizes (batch sizes differ between jobs, last batches
+//! are short, variable-length fields vary per batch). glibc either maps each such buffer
+//! fresh from the kernel (a page fault per 4 KiB of every batch: more of the daemon's time
+//! than copying the samples) or, with its mmap threshold raised, keeps the freed buffers of
+//! every size in per-thread heaps that it does not give back: measured here, 150 MB beyond
+//! what the daemon held under clients of many batch sizes. jemalloc reuses freed extents of
+//! any size without faults and returns what stays unused for `dirty_decay_ms` to the kernel
+//! from a background thread (README: memory, for the figures of both). C libraries (HDF5,
+//! libjpeg-turbo) keep glibc's malloc; their allocations are small.
 
-/// Allocations at least this large are mapped apart (and unmapped when freed).
-const MMAP_BYTES: i32 = 64 << 20;
-/// Free memory at the top of a heap beyond this goes back to the kernel.
-const TRIM_BYTES: i32 = 256 << 20;
+/// Rust's allocator for every binary that links larder.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// Sets the allocator up for the daemon (call once, early).
-pub fn tune_for_large_buffers() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes glibc's parameters; called before the daemon's threads.
+/// jemalloc's options, read before `main`: a background thread that gives memory unused for
+/// a second back to the kernel (madvise), so an idle daemon holds what it accounts for.
+#[export_name = "_rjem_malloc_conf"]
+#[allow(non_upper_case_globals)]
+pub static malloc_conf: &[u8; 60] =
+    b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+
+/// Returns the memory the daemon has freed to the kernel now (when the machine is short of
+/// it, or the daemon has gone idle), rather than after the decay time.
+pub fn give_back() {
+    // "arena.<MALLCTL_ARENAS_ALL>.purge": every arena's unused pages.
+    let name = b"arena.4096.purge\0";
+    // SAFETY: a mallctl that takes no argument and returns nothing; the name is NUL-ended.
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_BYTES);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_BYTES);
+        tikv_jemalloc_sys::mallctl(
+            name.as_ptr().cast(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        );
     }
 }
 
-/// Returns the memory the daemon has freed to the kernel (when the machine is short of it).
-pub fn give_back() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim is thread-safe and only releases free memory.
-    unsafe {
-        libc::malloc_trim(0);
+/// Anonymous memory the daemon may hold beyond what it accounts for (the memory tier, the
+/// message buffers): its code's heap, the async runtime and threads' stacks, datasets'
+/// indexes, HDF5's chunk caches, the allocator's own free lists.
+pub const UNACCOUNTED_ALLOWANCE: u64 = 64 << 20;
+
+/// The daemon's memory as the kernel counts it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// Resident bytes (VmRSS).
+    pub resident: u64,
+    /// Resident anonymous bytes (RssAnon): the heap and stacks.
+    pub anonymous: u64,
+    /// Resident shared bytes (RssShmem): the rings' pages.
+    pub shared: u64,
+}
+
+/// This process's footprint, from /proc/self/status (zeros where it cannot be read).
+pub fn footprint() -> Footprint {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| parse_status(&s))
+        .unwrap_or_default()
+}
+
+fn parse_status(status: &str) -> Footprint {
+    let kib = |key: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |k| k * 1024)
+    };
+    Footprint {
+        resident: kib("VmRSS"),
+        anonymous: kib("RssAnon"),
+        shared: kib("RssShmem"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_kernel_s_counts() {
+        let s = "Name:\tlarderd\nVmRSS:\t  1000 kB\nRssAnon:\t   600 kB\nRssFile:\t 300 kB\nRssShmem:\t 100 kB\n";
+        let f = parse_status(s);
+        assert_eq!(
+            (f.resident, f.anonymous, f.shared),
+            (1000 << 10, 600 << 10, 100 << 10)
+        );
+        let me = footprint();
+        assert!(me.resident > 0 && me.anonymous > 0 && me.anonymous <= me.resident);
     }
 }

@@ -58,6 +58,10 @@ pub struct MemoryConfig {
     /// How often to check the machine's available memory, in milliseconds.
     #[serde(default = "default_watch_interval_ms")]
     pub watch_interval_ms: u64,
+    /// Bytes of spare message buffers (for batches sent in gRPC messages) kept for reuse; they
+    /// are freed when unused for 10 s and first when the machine runs short.
+    #[serde(default = "default_message_buffers_bytes")]
+    pub message_buffers_bytes: usize,
 }
 
 impl Default for MemoryConfig {
@@ -68,6 +72,7 @@ impl Default for MemoryConfig {
             expansion_factor: default_expansion_factor(),
             min_available_bytes: None,
             watch_interval_ms: default_watch_interval_ms(),
+            message_buffers_bytes: default_message_buffers_bytes(),
         }
     }
 }
@@ -361,6 +366,9 @@ fn default_crop_scale() -> [f64; 2] {
 }
 fn default_crop_ratio() -> [f64; 2] {
     [3.0 / 4.0, 4.0 / 3.0]
+}
+fn default_message_buffers_bytes() -> usize {
+    crate::server::buffers::MESSAGE_BUFFERS_KEPT
 }
 fn default_prefetch_batches() -> usize {
     4

@@ -196,6 +196,7 @@ pub async fn watch_available_memory(
     floor: u64,
     interval: Duration,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
+    release_buffers: impl Fn(),
 ) {
     let mut sys = sysinfo::System::new();
     let mut ticker = tokio::time::interval(interval);
@@ -219,9 +220,13 @@ pub async fn watch_available_memory(
             tracing::info!(available, floor, "machine memory recovered");
         }
         short = available < floor;
-        let before = tier.snapshot().bytes;
+        if short {
+            // Spare buffers first: they cost a page fault per 4 KiB to make again, a sample
+            // costs a read and a decode.
+            release_buffers();
+        }
         tier.set_limit(limit);
-        if short && tier.snapshot().bytes < before {
+        if short {
             // What the tier let go, back to the machine now rather than at the allocator's
             // leisure.
             crate::alloc::give_back();

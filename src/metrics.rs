@@ -193,6 +193,20 @@ pub fn format_stats(s: &crate::proto::Stats) -> String {
         "shared memory: {} rings, {} of {} bytes; {} batches in slots, {} sent in messages for want of a free slot",
         s.shm_rings, s.shm_bytes, s.shm_budget_bytes, s.shm_batches, s.shm_fallbacks
     );
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let _ = writeln!(
+        out,
+        "daemon memory: {:.1} MiB resident, {:.1} MiB anonymous (ceiling {:.1} MiB), {:.1} MiB shared; accounted {:.1} MiB = memory tier {:.1} + rings {:.1} + message buffers {:.1} spare + {:.1} in flight",
+        mib(s.resident_bytes),
+        mib(s.anonymous_bytes),
+        mib(s.anonymous_ceiling_bytes),
+        mib(s.shared_bytes),
+        mib(s.accounted_bytes),
+        mib(s.memory_bytes),
+        mib(s.shm_bytes),
+        mib(s.message_buffer_spare_bytes),
+        mib(s.message_buffer_in_flight_bytes),
+    );
     let _ = write!(
         out,
         "client stall: {:.3}s waiting for batches (summed over streams) in {:.1}s uptime; machine memory available: {} bytes",

@@ -22,7 +22,6 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    larder::alloc::tune_for_large_buffers();
     larder::init_logging("info");
     let args = Args::parse();
     let config = larder::config::Config::load(&args.config)?;

@@ -1,62 +1,189 @@
 //! Buffers for batches that go in gRPC messages (the bytes path: TCP clients, and Unix-socket
 //! clients without a ring), reused from batch to batch. A batch of ImageNet-size samples is
-//! tens of MB; a fresh buffer each time costs the kernel a page fault per 4 KiB and the
-//! allocator an munmap when it is freed, which took more of the daemon's time than copying the
-//! samples. A buffer comes back for reuse once gRPC has encoded (and dropped) its batch.
+//! tens of MB; a fresh buffer each time costs the kernel a page fault per 4 KiB, which took
+//! more of the daemon's time than copying the samples.
+//!
+//! Every large buffer is counted from the moment it is handed out until its memory is freed:
+//! a batch's bytes own their buffer ([`Bytes::from_owner`]), and when gRPC has encoded and
+//! dropped the batch the buffer comes back here, where it waits for a later batch of its size
+//! class (sizes are rounded up to one of four steps per power of two, so batches of nearby
+//! sizes share buffers and a buffer is at most a quarter larger than its batch). Waiting
+//! buffers are let go oldest first past the byte limit, when unused for [`SPARE_IDLE`], and
+//! all at once when the machine runs short of memory ([`MessageBuffers::release`]).
+//!
+//! (Before: spares were counted by the length of the last batch written into them, and a
+//! batch's small field could take a large spare, so an allocation of tens of MB was counted as
+//! a few hundred bytes and the daemon kept gigabytes under a "256 MB" limit.)
 
-use bytes::{Bytes, BytesMut};
-use std::sync::Mutex;
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-/// Bytes of spare message buffers the daemon keeps for reuse.
-pub const MESSAGE_BUFFERS_KEPT: usize = 256 << 20;
+/// Bytes of waiting (spare) message buffers the daemon keeps for reuse, by default.
+pub const MESSAGE_BUFFERS_KEPT: usize = 64 << 20;
 
-/// The daemon's spare message buffers.
+/// Buffers smaller than this are plain allocations, neither pooled nor counted: the allocator
+/// serves them from its own free lists without page faults.
+pub const POOLED_FROM: usize = 256 << 10;
+
+/// A spare unused for this long is freed (an idle daemon keeps no message buffers).
+pub const SPARE_IDLE: Duration = Duration::from_secs(10);
+
+/// The daemon's message buffers: the spares, and the count of those in batches.
 pub struct MessageBuffers {
-    /// Empty handles on the allocations of earlier batches, with their sizes: each shares its
-    /// allocation with its batch until that batch is dropped, and then reclaims it.
-    spare: Mutex<Vec<(BytesMut, usize)>>,
-    /// Bytes the spares may keep allocated at most (a memory cost outside the tiers' budget).
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Buffers whose batches are gone, oldest first, with the time each came back.
+    spare: Mutex<VecDeque<(Vec<u8>, Instant)>>,
+    /// Bytes (allocated capacity) of the spares.
+    spare_bytes: AtomicU64,
+    /// Bytes (allocated capacity) of the pooled buffers out in batches now.
+    in_use_bytes: AtomicU64,
+    /// Bytes the spares may take at most.
     keep_bytes: usize,
+}
+
+/// A pooled buffer while it holds a batch: gives itself back to the pool when the last
+/// `Bytes` of the batch is dropped.
+struct Lent {
+    data: Vec<u8>,
+    pool: Arc<Inner>,
+}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        let data = std::mem::take(&mut self.data);
+        self.pool
+            .in_use_bytes
+            .fetch_sub(data.capacity() as u64, Relaxed);
+        self.pool.put_back(data);
+    }
+}
+
+/// The size class of a buffer for `len` bytes: `len` rounded up to 1, 1.25, 1.5 or 1.75 times
+/// a power of two.
+pub fn size_class(len: usize) -> usize {
+    if len <= 4 {
+        return len.max(1);
+    }
+    let top = usize::BITS - 1 - len.leading_zeros(); // 2^top <= len < 2^(top+1)
+    let step = 1usize << (top - 2);
+    len.div_ceil(step) * step
 }
 
 impl MessageBuffers {
     pub fn new(keep_bytes: usize) -> MessageBuffers {
         MessageBuffers {
-            spare: Mutex::new(Vec::new()),
-            keep_bytes,
+            inner: Arc::new(Inner {
+                spare: Mutex::new(VecDeque::new()),
+                spare_bytes: AtomicU64::new(0),
+                in_use_bytes: AtomicU64::new(0),
+                keep_bytes,
+            }),
         }
     }
 
-    /// An empty buffer with room for `len` bytes: the allocation of an earlier batch that is
-    /// gone (reclaimed: no page faults), else new memory. Write the batch into it and hand it
-    /// to `finish`.
-    pub fn take(&self, len: usize) -> BytesMut {
-        let mut spare = self.lock();
-        // Oldest first: the batches longest sent are the likeliest to be gone.
-        for i in 0..spare.len() {
-            if spare[i].1 >= len && spare[i].0.try_reclaim(len) {
-                return spare.remove(i).0;
+    /// An empty buffer with room for `len` bytes: a spare of its size class (no page faults),
+    /// else new memory. Write the batch into it and hand it to `finish`.
+    pub fn take(&self, len: usize) -> Vec<u8> {
+        if len < POOLED_FROM {
+            return Vec::with_capacity(len);
+        }
+        let class = size_class(len);
+        let reused = {
+            let mut spare = self.inner.lock();
+            let at = spare.iter().position(|(b, _)| b.capacity() == class);
+            at.and_then(|i| spare.remove(i)).map(|(b, _)| b)
+        };
+        let buf = match reused {
+            Some(b) => {
+                self.inner
+                    .spare_bytes
+                    .fetch_sub(b.capacity() as u64, Relaxed);
+                b
             }
-        }
-        BytesMut::with_capacity(len)
+            None => Vec::with_capacity(class),
+        };
+        self.inner
+            .in_use_bytes
+            .fetch_add(buf.capacity() as u64, Relaxed);
+        buf
     }
 
-    /// The batch written into `buf`, for a message; `buf`'s allocation is kept for a later
-    /// batch (the oldest spares are let go past the byte limit).
-    pub fn finish(&self, mut buf: BytesMut) -> Bytes {
-        let len = buf.len();
-        let batch = buf.split().freeze();
-        let mut spare = self.lock();
-        spare.push((buf, len));
-        let mut kept: usize = spare.iter().map(|(_, n)| n).sum();
-        while kept > self.keep_bytes {
-            kept -= spare.remove(0).1;
+    /// The batch written into `buf` (from `take`), for a message; its buffer comes back when
+    /// the last handle on the batch is dropped.
+    pub fn finish(&self, buf: Vec<u8>) -> Bytes {
+        if buf.capacity() < POOLED_FROM {
+            return Bytes::from(buf);
         }
-        batch
+        Bytes::from_owner(Lent {
+            data: buf,
+            pool: self.inner.clone(),
+        })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(BytesMut, usize)>> {
+    /// Frees the spares unused for `idle` or longer.
+    pub fn trim(&self, idle: Duration) {
+        let mut spare = self.inner.lock();
+        while spare.front().is_some_and(|(_, at)| at.elapsed() >= idle) {
+            let (b, _) = spare.pop_front().expect("checked");
+            self.inner
+                .spare_bytes
+                .fetch_sub(b.capacity() as u64, Relaxed);
+        }
+    }
+
+    /// Frees every spare (the machine is short of memory).
+    pub fn release(&self) {
+        self.trim(Duration::ZERO);
+    }
+
+    /// Bytes the spares may take at most.
+    pub fn keep_bytes(&self) -> usize {
+        self.inner.keep_bytes
+    }
+
+    /// Bytes of (spare, in batches now) pooled buffers.
+    pub fn bytes(&self) -> (u64, u64) {
+        (
+            self.inner.spare_bytes.load(Relaxed),
+            self.inner.in_use_bytes.load(Relaxed),
+        )
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(Vec<u8>, Instant)>> {
         self.spare.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `data` as a spare (emptied), letting the oldest go past the byte limit.
+    fn put_back(&self, mut data: Vec<u8>) {
+        let cap = data.capacity();
+        if cap > self.keep_bytes {
+            return;
+        }
+        data.clear();
+        let mut spare = self.lock();
+        spare.push_back((data, Instant::now()));
+        let mut kept = self.spare_bytes.fetch_add(cap as u64, Relaxed) + cap as u64;
+        while kept > self.keep_bytes as u64 {
+            let (b, _) = spare
+                .pop_front()
+                .expect("the spares hold the bytes counted");
+            kept -= b.capacity() as u64;
+            self.spare_bytes.fetch_sub(b.capacity() as u64, Relaxed);
+        }
     }
 }
 
@@ -64,44 +191,97 @@ impl MessageBuffers {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_batch_s_allocation_is_reused_once_the_batch_is_dropped() {
-        let pool = MessageBuffers::new(1 << 20);
-        let mut buf = pool.take(1000);
-        buf.extend_from_slice(&[7; 1000]);
-        let first = pool.finish(buf);
-        let at = first.as_ptr();
-        // Still in use: the next batch gets other memory, and the first keeps its bytes.
-        let mut buf = pool.take(1000);
-        assert_ne!(buf.as_ptr(), at);
-        buf.extend_from_slice(&[8; 1000]);
-        let second = pool.finish(buf);
-        assert!(first.iter().all(|&b| b == 7) && second.iter().all(|&b| b == 8));
-        let second_at = second.as_ptr();
-        drop(first);
-        drop(second);
-        // Gone: the next batches reuse their memory, the oldest first.
-        assert_eq!(pool.take(600).as_ptr(), at);
-        assert_eq!(pool.take(1000).as_ptr(), second_at);
+    const MB: usize = 1 << 20;
+
+    fn batch(pool: &MessageBuffers, len: usize, byte: u8) -> Bytes {
+        let mut buf = pool.take(len);
+        buf.resize(len, byte);
+        pool.finish(buf)
     }
 
     #[test]
-    fn spares_are_kept_up_to_the_byte_limit() {
-        let pool = MessageBuffers::new(2500);
-        let batches: Vec<Bytes> = (0..4)
-            .map(|_| {
-                let mut buf = pool.take(1000);
-                buf.resize(1000, 1);
-                pool.finish(buf)
-            })
-            .collect();
-        assert_eq!(pool.lock().len(), 2);
-        // The newest two are kept, and reused once their batches are gone; a third batch gets
-        // new memory.
-        let kept = [batches[2].as_ptr(), batches[3].as_ptr()];
-        drop(batches);
-        let (a, b, c) = (pool.take(1000), pool.take(1000), pool.take(1000));
-        assert!(kept.contains(&a.as_ptr()) && kept.contains(&b.as_ptr()));
-        assert!(!kept.contains(&c.as_ptr()));
+    fn size_classes_are_at_most_a_quarter_larger() {
+        for len in [5, 7, 100, 1000, 4096, 4097, 300_000, 19 * MB + 3, 200 * MB] {
+            let c = size_class(len);
+            assert!(c >= len && c * 4 <= len * 5 + 4 * 4, "{len} -> {c}");
+            assert_eq!(size_class(c), c, "a class is its own class");
+        }
+        // Nearby sizes share a class.
+        assert_eq!(size_class(3 * MB + 1), size_class(3 * MB + 100_000));
+    }
+
+    #[test]
+    fn a_batch_s_buffer_is_reused_once_the_batch_is_dropped() {
+        let pool = MessageBuffers::new(64 * MB);
+        let first = batch(&pool, MB, 7);
+        let at = first.as_ptr();
+        // Still in use: the next batch gets other memory, and the first keeps its bytes.
+        let second = batch(&pool, MB, 8);
+        assert_ne!(second.as_ptr(), at);
+        assert!(first.iter().all(|&b| b == 7) && second.iter().all(|&b| b == 8));
+        assert_eq!(pool.bytes(), (0, 2 * MB as u64));
+        let clone = first.slice(10..20);
+        drop(first);
+        assert_eq!(pool.bytes().0, 0, "a slice of the batch still holds it");
+        drop(clone);
+        assert_eq!(pool.bytes(), (MB as u64, MB as u64));
+        // Gone: a batch of the same size class reuses its memory.
+        let third = batch(&pool, MB - 1000, 9);
+        assert_eq!(third.as_ptr(), at);
+        assert_eq!(pool.bytes(), (0, 2 * MB as u64));
+    }
+
+    #[test]
+    fn a_small_field_never_takes_a_large_buffer() {
+        let pool = MessageBuffers::new(64 * MB);
+        drop(batch(&pool, 4 * MB, 1));
+        let small = pool.take(300_000);
+        assert!(small.capacity() < 400_000, "{}", small.capacity());
+        let labels = pool.take(1024);
+        assert_eq!(labels.capacity(), 1024);
+        assert_eq!(
+            pool.bytes().0,
+            4 * MB as u64,
+            "the large spare is still there"
+        );
+    }
+
+    #[test]
+    fn spares_are_counted_by_their_allocation_and_kept_up_to_the_limit() {
+        let pool = MessageBuffers::new(10 * MB);
+        // Batches of many sizes, as clients with different batch sizes send.
+        for i in 0..200 {
+            drop(batch(&pool, MB + i * 37_000, 1));
+        }
+        let (spare, in_use) = pool.bytes();
+        assert_eq!(in_use, 0);
+        assert!(spare <= 10 * MB as u64, "{spare}");
+        let held: u64 = pool
+            .inner
+            .lock()
+            .iter()
+            .map(|(b, _)| b.capacity() as u64)
+            .sum();
+        assert_eq!(held, spare, "the count is the allocations' capacity");
+        // A buffer larger than the limit is never kept.
+        drop(batch(&pool, 11 * MB, 1));
+        assert_eq!(pool.bytes().1, 0);
+        assert!(pool.bytes().0 <= 10 * MB as u64);
+    }
+
+    #[test]
+    fn idle_spares_go_and_release_frees_all() {
+        let pool = MessageBuffers::new(64 * MB);
+        drop(batch(&pool, MB, 1));
+        std::thread::sleep(Duration::from_millis(30));
+        drop(batch(&pool, 2 * MB, 1));
+        pool.trim(Duration::from_millis(20));
+        assert_eq!(
+            pool.bytes().0,
+            2 * MB as u64,
+            "only the older one was idle long enough"
+        );
+        pool.release();
+        assert_eq!(pool.bytes(), (0, 0));
     }
 }

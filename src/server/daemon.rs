@@ -1,6 +1,7 @@
 //! The daemon: opens the datasets, owns the tiers and serves the service on TCP and/or a Unix
 //! socket until it is asked to stop.
 
+use super::buffers::{MessageBuffers, SPARE_IDLE};
 use super::service::Service;
 use super::shm::{self, Rings};
 use crate::catalog::Catalog;
@@ -27,7 +28,9 @@ pub struct Daemon {
     pub store: Arc<Store>,
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<Result<()>>>,
+    /// The memory watcher and the task that frees idle message buffers.
     watcher: JoinHandle<()>,
+    trimmer: JoinHandle<()>,
 }
 
 impl Daemon {
@@ -52,12 +55,19 @@ impl Daemon {
             .preprocess_workers
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
         let store = Store::new(memory.clone(), metrics.clone(), workers)?;
+        let buffers = Arc::new(MessageBuffers::new(config.memory.message_buffers_bytes));
+        let release = {
+            let buffers = buffers.clone();
+            move || buffers.release()
+        };
         let watcher = tokio::spawn(memory::watch_available_memory(
             memory,
             floor,
             Duration::from_millis(config.memory.watch_interval_ms.max(10)),
             metrics,
+            release,
         ));
+        let trimmer = tokio::spawn(trim_idle_buffers(buffers.clone()));
         let catalog = Arc::new(catalog);
         let (shutdown, shutdown_rx) = watch::channel(false);
         let rings = Rings::new(config.shm_budget_bytes(total));
@@ -65,6 +75,7 @@ impl Daemon {
             catalog.clone(),
             store.clone(),
             rings.clone(),
+            buffers,
             &config,
             shutdown_rx,
         );
@@ -95,6 +106,7 @@ impl Daemon {
             shutdown,
             servers,
             watcher,
+            trimmer,
         })
     }
 
@@ -119,6 +131,7 @@ impl Daemon {
             s.await.context("server task panicked")??;
         }
         self.watcher.abort();
+        self.trimmer.abort();
         if let Some(p) = &self.unix_socket {
             let _ = std::fs::remove_file(p);
         }
@@ -195,6 +208,20 @@ fn route_unix(
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// Frees message buffers left unused for `SPARE_IDLE`, and gives their memory back to the
+/// machine: an idle daemon holds none.
+async fn trim_idle_buffers(buffers: Arc<MessageBuffers>) {
+    let mut ticker = tokio::time::interval(SPARE_IDLE / 4);
+    loop {
+        ticker.tick().await;
+        let before = buffers.bytes().0;
+        buffers.trim(SPARE_IDLE);
+        if buffers.bytes().0 < before {
+            crate::alloc::give_back();
+        }
+    }
 }
 
 /// Resolves once the daemon is shutting down.

@@ -2,7 +2,7 @@
 //! forwarding), `shm` (shared-memory rings for clients on the Unix socket), `buffers` (message
 //! buffers reused by the bytes path), `daemon` (wiring and listeners).
 
-mod buffers;
+pub mod buffers;
 mod daemon;
 mod service;
 mod shm;

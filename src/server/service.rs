@@ -1,7 +1,7 @@
 //! The gRPC handlers: validation, the datasets, stats, warming, and opening streams. Handlers
 //! hold shared state only.
 
-use super::buffers::{MessageBuffers, MESSAGE_BUFFERS_KEPT};
+use super::buffers::MessageBuffers;
 use super::daemon::until_stopped;
 use super::shm::{Peer, Ring, Rings};
 use super::stream::{assemble, slot_offsets, MeteredStream, Selection, MAX_BATCH_BYTES};
@@ -42,13 +42,14 @@ impl Service {
         catalog: Arc<Catalog>,
         store: Arc<Store>,
         rings: Arc<Rings>,
+        buffers: Arc<MessageBuffers>,
         config: &Config,
         shutdown: watch::Receiver<bool>,
     ) -> Service {
         Service {
             shutdown,
             rings,
-            buffers: Arc::new(MessageBuffers::new(MESSAGE_BUFFERS_KEPT)),
+            buffers,
             catalog,
             store,
             prefetch_batches: config.prefetch_batches,
@@ -209,6 +210,8 @@ impl Larder for Service {
     async fn get_stats(&self, _: Request<GetStatsRequest>) -> Result<Response<Stats>, Status> {
         let mem = self.store.memory.snapshot();
         let (shm_rings, shm_bytes, shm_budget_bytes) = self.rings.snapshot();
+        let (spare, in_flight) = self.buffers.bytes();
+        let process = crate::alloc::footprint();
         let scratch = self
             .catalog
             .scratch
@@ -234,6 +237,16 @@ impl Larder for Service {
             shm_bytes,
             shm_budget_bytes,
             bad_samples: self.catalog.iter().map(|d| d.bad_count()).sum(),
+            message_buffer_spare_bytes: spare,
+            message_buffer_in_flight_bytes: in_flight,
+            accounted_bytes: mem.bytes + shm_bytes + spare + in_flight,
+            resident_bytes: process.resident,
+            anonymous_bytes: process.anonymous,
+            shared_bytes: process.shared,
+            anonymous_ceiling_bytes: mem.budget
+                + self.buffers.keep_bytes() as u64
+                + in_flight
+                + crate::alloc::UNACCOUNTED_ALLOWANCE,
             ..self.store.metrics.to_proto()
         }))
     }

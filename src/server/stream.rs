@@ -11,7 +11,7 @@ use crate::proto::{Batch, FieldBatch, VariableLayout};
 use crate::sampler::Plan;
 use crate::store::Store;
 use anyhow::{ensure, Context, Result};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::Stream;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -451,7 +451,7 @@ impl FieldLayout {
 
     /// Appends the values to `dst` (for a message; written once: no zeroing but the
     /// padding's).
-    fn append_to(&self, values: &[(&[u32], &[u8])], dst: &mut BytesMut) {
+    fn append_to(&self, values: &[(&[u32], &[u8])], dst: &mut Vec<u8>) {
         match &self.padded_to {
             None => {
                 for (_, v) in values {
@@ -488,10 +488,10 @@ fn pack<'a>(
 ) -> FieldBatch {
     let values: Vec<_> = values.collect();
     let l = FieldLayout::new(spec, &values, layout);
-    let mut data = BytesMut::new();
+    let mut data = Vec::new();
     l.append_to(&values, &mut data);
     FieldBatch {
-        data: data.freeze(),
+        data: data.into(),
         ..l.batch
     }
 }
