@@ -26,16 +26,52 @@ pub static malloc_conf: &[u8; 60] =
 /// it, or the daemon has gone idle), rather than after the decay time.
 pub fn give_back() {
     // "arena.<MALLCTL_ARENAS_ALL>.purge": every arena's unused pages.
-    let name = b"arena.4096.purge\0";
+    let name = c"arena.4096.purge";
     // SAFETY: a mallctl that takes no argument and returns nothing; the name is NUL-ended.
     unsafe {
         tikv_jemalloc_sys::mallctl(
-            name.as_ptr().cast(),
+            name.as_ptr(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
             0,
         );
+    }
+}
+
+/// Bytes of freed memory jemalloc holds for reuse (its dirty pages, all arenas), as of now.
+pub fn free_bytes() -> u64 {
+    let read = |name: &std::ffi::CStr| -> Option<usize> {
+        let mut value: usize = 0;
+        let mut len = std::mem::size_of::<usize>();
+        // SAFETY: a read-only size_t mallctl into a size_t; the name is NUL-ended.
+        let rc = unsafe {
+            tikv_jemalloc_sys::mallctl(
+                name.as_ptr(),
+                (&mut value as *mut usize).cast(),
+                &mut len,
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        (rc == 0).then_some(value)
+    };
+    // Statistics are a snapshot refreshed by writing "epoch".
+    let mut epoch: u64 = 1;
+    let mut len = std::mem::size_of::<u64>();
+    // SAFETY: "epoch" reads and writes a uint64_t.
+    unsafe {
+        tikv_jemalloc_sys::mallctl(
+            c"epoch".as_ptr(),
+            (&mut epoch as *mut u64).cast(),
+            &mut len,
+            (&mut epoch as *mut u64).cast(),
+            len,
+        );
+    }
+    match (read(c"stats.arenas.4096.pdirty"), read(c"arenas.page")) {
+        (Some(pages), Some(page)) => (pages * page) as u64,
+        _ => 0,
     }
 }
 
@@ -91,5 +127,17 @@ mod tests {
         );
         let me = footprint();
         assert!(me.resident > 0 && me.anonymous > 0 && me.anonymous <= me.resident);
+    }
+
+    #[test]
+    fn freed_memory_is_seen_as_the_allocator_s_until_given_back() {
+        let big: Vec<u8> = vec![1; 32 << 20];
+        assert_eq!(big.iter().map(|&b| b as usize).sum::<usize>(), 32 << 20);
+        drop(big);
+        // Dirty until purged (by the background thread after a second, or now).
+        let free = free_bytes();
+        assert!(free >= 16 << 20, "{free}");
+        give_back();
+        assert!(free_bytes() < 16 << 20, "{free} -> {}", free_bytes());
     }
 }

@@ -34,6 +34,24 @@ pub const SPARE_IDLE: Duration = Duration::from_secs(10);
 /// The daemon's message buffers: the spares, and the count of those in batches.
 pub struct MessageBuffers {
     inner: Arc<Inner>,
+    /// Bytes of encoded messages (tonic's copies of batches) that hyper has not yet sent
+    /// (counted by `sent::CountedBody`).
+    encoded: Arc<AtomicU64>,
+    /// Bytes of the samples that batches being assembled hold (some of them are also in the
+    /// memory tier; the rest were fetched past it, or evicted from it since).
+    assembling: Arc<AtomicU64>,
+}
+
+/// Counts bytes in a counter while it lives.
+pub struct Held {
+    bytes: u64,
+    counter: Arc<AtomicU64>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.bytes, Relaxed);
+    }
 }
 
 struct Inner {
@@ -90,7 +108,33 @@ impl MessageBuffers {
                 in_use_bytes: AtomicU64::new(0),
                 keep_bytes,
             }),
+            encoded: Arc::new(AtomicU64::new(0)),
+            assembling: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Counts `bytes` of samples held by a batch being assembled, until the guard is dropped.
+    pub fn hold_samples(&self, bytes: u64) -> Held {
+        self.assembling.fetch_add(bytes, Relaxed);
+        Held {
+            bytes,
+            counter: self.assembling.clone(),
+        }
+    }
+
+    /// Bytes of the samples batches being assembled hold.
+    pub fn assembling_bytes(&self) -> u64 {
+        self.assembling.load(Relaxed)
+    }
+
+    /// The count of encoded messages not yet sent, for the servers' response bodies.
+    pub fn encoded_counter(&self) -> Arc<AtomicU64> {
+        self.encoded.clone()
+    }
+
+    /// Bytes of encoded messages not yet sent.
+    pub fn encoded_bytes(&self) -> u64 {
+        self.encoded.load(Relaxed)
     }
 
     /// An empty buffer with room for `len` bytes: a spare of its size class (no page faults),

@@ -2,6 +2,7 @@
 //! socket until it is asked to stop.
 
 use super::buffers::{MessageBuffers, SPARE_IDLE};
+use super::sent::CountedBody;
 use super::service::Service;
 use super::shm::{self, Rings};
 use crate::catalog::Catalog;
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tonic::body::Body;
 
 /// A running daemon.
 pub struct Daemon {
@@ -162,7 +164,14 @@ where
     IO::ConnectInfo: Clone + Send + Sync + 'static,
     IE: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
 {
+    // Encoded messages count in the daemon's memory until hyper has sent them.
+    let encoded = service.encoded_counter();
+    let count_sent = tower::util::MapResponseLayer::new(move |r: http::Response<Body>| {
+        let encoded = encoded.clone();
+        r.map(|body| Body::new(CountedBody::new(body, encoded)))
+    });
     let router = tonic::transport::Server::builder()
+        .layer(count_sent)
         .add_service(LarderServer::new(service.clone()).max_encoding_message_size(usize::MAX));
     let mut stop = shutdown.subscribe();
     tokio::spawn(async move {

@@ -1,9 +1,10 @@
 //! The gRPC server: `service` (handlers and validation), `stream` (batch assembly and metered
 //! forwarding), `shm` (shared-memory rings for clients on the Unix socket), `buffers` (message
-//! buffers reused by the bytes path), `daemon` (wiring and listeners).
+//! buffers reused by the bytes path), `sent` (encoded messages counted until sent), `daemon` (wiring and listeners).
 
 pub mod buffers;
 mod daemon;
+mod sent;
 mod service;
 mod shm;
 mod stream;

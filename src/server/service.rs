@@ -58,6 +58,11 @@ impl Service {
         }
     }
 
+    /// The count of encoded messages not yet sent (see `sent`).
+    pub fn encoded_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.buffers.encoded_counter()
+    }
+
     fn dataset(&self, name: &str) -> Result<Arc<Dataset>, Status> {
         self.catalog.get(name).ok_or_else(|| {
             Status::not_found(format!(
@@ -210,8 +215,10 @@ impl Larder for Service {
     async fn get_stats(&self, _: Request<GetStatsRequest>) -> Result<Response<Stats>, Status> {
         let mem = self.store.memory.snapshot();
         let (shm_rings, shm_bytes, shm_budget_bytes) = self.rings.snapshot();
-        let (spare, in_flight) = self.buffers.bytes();
+        let (spare, in_batches) = self.buffers.bytes();
+        let in_flight = in_batches + self.buffers.encoded_bytes() + self.buffers.assembling_bytes();
         let process = crate::alloc::footprint();
+        let allocator_free = crate::alloc::free_bytes();
         let scratch = self
             .catalog
             .scratch
@@ -243,9 +250,11 @@ impl Larder for Service {
             resident_bytes: process.resident,
             anonymous_bytes: process.anonymous,
             shared_bytes: process.shared,
+            allocator_free_bytes: allocator_free,
             anonymous_ceiling_bytes: mem.budget
                 + self.buffers.keep_bytes() as u64
                 + in_flight
+                + allocator_free
                 + crate::alloc::UNACCOUNTED_ALLOWANCE,
             ..self.store.metrics.to_proto()
         }))

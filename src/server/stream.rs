@@ -132,6 +132,7 @@ pub async fn assemble(
         .zip(fetched)
         .filter_map(|(&i, s)| s.map(|s| (i, s)))
         .unzip();
+    let _held = buffers.hold_samples(samples.iter().map(|s| s.len() as u64).sum());
     let slot = match ring {
         Some(r) => r.claim_for(b).await,
         None => None,
