@@ -6,6 +6,7 @@
 
 use crate::catalog::Dataset;
 use crate::config::OnError;
+use crate::error::{Error, Kind};
 use crate::memory::{Key, MemoryTier};
 use crate::metrics::{Metrics, Tier};
 use crate::scratch::ScratchTier;
@@ -16,7 +17,6 @@ use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::StreamExt;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
@@ -29,8 +29,6 @@ pub struct Store {
     inflight: Mutex<HashMap<Key, Fetch>>,
     /// Threads for the blocking work (disk reads, preprocessing).
     workers: Arc<Workers>,
-    /// Samples per epoch of all open streams together.
-    streaming_samples: AtomicU64,
     /// Striped by (dataset, granule): one worker reads a granule from raw storage while the
     /// others that need it wait, then find their samples in the scratch tier.
     granule_locks: Arc<[Mutex<()>]>,
@@ -50,7 +48,6 @@ impl Store {
             metrics,
             inflight: Mutex::new(HashMap::new()),
             workers: Arc::new(Workers::new(workers).context("starting the preprocessing threads")?),
-            streaming_samples: AtomicU64::new(0),
             granule_locks: (0..GRANULE_LOCKS).map(|_| Mutex::new(())).collect(),
         }))
     }
@@ -95,7 +92,10 @@ impl Store {
                 }
             }
         };
-        fetch.await.map_err(|e| anyhow!("{e:#}"))
+        // The shared error, as an error of the same kind for this caller.
+        fetch
+            .await
+            .map_err(|e| Error::new(Error::kind_of(&e), format!("{e:#}")).into())
     }
 
     async fn fetch(
@@ -116,7 +116,10 @@ impl Store {
                 ds.mark_bad(index, &bad);
                 Ok(None)
             }
-            Ok(Err(e)) | Err(e) => Err(Arc::new(e)),
+            Ok(Err(e)) => Err(Arc::new(
+                Error::new(Kind::SourceIo, format!("{e:#}")).into(),
+            )),
+            Err(e) => Err(Arc::new(e)),
         };
         self.inflight
             .lock()
@@ -178,18 +181,6 @@ impl Store {
         }
         Ok(state)
     }
-
-    /// Registers a stream that will look up `samples` samples per epoch, so that the memory
-    /// tier knows how long an entry in use may go between two lookups.
-    pub fn open_stream(self: &Arc<Self>, samples: u64) -> StreamGuard {
-        let total = self.streaming_samples.fetch_add(samples, Ordering::SeqCst) + samples;
-        self.memory.set_stale_after(2 * total);
-        self.metrics.stream_opened();
-        StreamGuard {
-            store: self.clone(),
-            samples,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -239,13 +230,18 @@ fn warm_chunk(ds: &Dataset, start: u64, count: u64) -> Result<(u64, u64, u64, u6
                 bad += 1;
                 continue;
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(Error::new(Kind::SourceIo, format!("{e:#}")).into()),
         };
-        anyhow::ensure!(
-            scratch.write(i, &data),
-            "the scratch tier stopped taking samples at sample {i} of {:?} (budget or disk full; see the daemon's log)",
-            ds.name
-        );
+        if !scratch.write(i, &data) {
+            return Err(Error::new(
+                Kind::Exhausted,
+                format!(
+                    "the scratch tier stopped taking samples at sample {i} of {:?} (budget or disk full; see the daemon's log)",
+                    ds.name
+                ),
+            )
+            .into());
+        }
         written += 1;
     }
     Ok((written, count - written - bad, bad, count))
@@ -330,21 +326,4 @@ fn load_granule(ds: &Dataset, scratch: &ScratchTier, index: u64) -> Result<(Vec<
 /// Bytes of a raw sample's fields.
 fn raw_size(raw: &RawSample) -> u64 {
     raw.iter().map(|v| v.data.len() as u64).sum()
-}
-
-/// Keeps a stream registered while it lives.
-pub struct StreamGuard {
-    store: Arc<Store>,
-    samples: u64,
-}
-
-impl Drop for StreamGuard {
-    fn drop(&mut self) {
-        // The memory tier keeps the staleness window of the last open: a closing stream is
-        // usually followed by its next epoch.
-        self.store
-            .streaming_samples
-            .fetch_sub(self.samples, Ordering::SeqCst);
-        self.store.metrics.stream_closed();
-    }
 }

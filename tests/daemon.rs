@@ -328,6 +328,32 @@ async fn bad_requests_get_clear_errors_and_the_daemon_keeps_serving() {
             Code::InvalidArgument,
             "past the end of the epoch",
         ),
+        // A 100 KB name is quoted short, not copied whole into a status larger than gRPC's
+        // metadata limit (which came back as RESOURCE_EXHAUSTED).
+        (
+            StreamBatchesRequest {
+                dataset: "x".repeat(100_000),
+                ..req(4, 0, 0)
+            },
+            Code::NotFound,
+            "(100000 bytes); this daemon serves: train",
+        ),
+        (
+            StreamBatchesRequest {
+                pipeline: "p".repeat(100_000),
+                ..req(4, 0, 0)
+            },
+            Code::InvalidArgument,
+            "(100000 bytes) is unknown",
+        ),
+        (
+            StreamBatchesRequest {
+                fields: vec!["f".repeat(100_000)],
+                ..req(4, 0, 0)
+            },
+            Code::InvalidArgument,
+            "(100000 bytes); the dataset's fields are",
+        ),
     ];
     for (r, code, text) in cases {
         let status = c.stream_batches(r).await.expect_err("an error status");

@@ -400,7 +400,7 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
     let mut c2 = connect(&d2.client_addr()).await.unwrap();
     let err = collect_batches(&mut c2, req).await.unwrap_err();
     let status = err.downcast_ref::<tonic::Status>().expect("a gRPC status");
-    assert_eq!(status.code(), Code::Internal);
+    assert_eq!(status.code(), Code::DataLoss);
     assert!(
         status.message().contains("preprocessing sample 10"),
         "{}",

@@ -11,6 +11,7 @@ use crate::memory::{self, MemoryTier};
 use crate::metrics::Metrics;
 use crate::proto::larder_server::LarderServer;
 use crate::store::Store;
+use crate::streams::Streams;
 use anyhow::{Context, Result};
 use futures::Stream;
 use std::net::SocketAddr;
@@ -57,6 +58,7 @@ impl Daemon {
             .preprocess_workers
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
         let store = Store::new(memory.clone(), metrics.clone(), workers)?;
+        let streams = Streams::new(memory.clone(), metrics.clone());
         let buffers = Arc::new(MessageBuffers::new(config.memory.message_buffers_bytes));
         let release = {
             let buffers = buffers.clone();
@@ -78,6 +80,7 @@ impl Daemon {
             store.clone(),
             rings.clone(),
             buffers,
+            streams,
             &config,
             shutdown_rx,
         );

@@ -7,6 +7,7 @@ use super::shm::{Peer, Ring, Rings};
 use super::stream::{assemble, slot_offsets, MeteredStream, Selection, MAX_BATCH_BYTES};
 use crate::catalog::{Catalog, Dataset, PipelineKind};
 use crate::config::Config;
+use crate::error::{bad_request, precondition, quote, Error, Kind};
 use crate::proto::larder_server::Larder;
 use crate::proto::{
     BadSample, Batch, DatasetInfo, GetStatsRequest, ListBadSamplesRequest, ListBadSamplesResponse,
@@ -15,6 +16,7 @@ use crate::proto::{
 };
 use crate::sampler::{Plan, PlanRequest};
 use crate::store::Store;
+use crate::streams::{StreamSpec, Streams};
 use futures::{Stream, StreamExt};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -33,6 +35,8 @@ pub struct Service {
     rings: Arc<Rings>,
     /// Buffers for batches sent in messages, reused between batches.
     buffers: Arc<MessageBuffers>,
+    /// The open streams.
+    streams: Arc<Streams>,
     /// Becomes true when the daemon shuts down: open streams end with UNAVAILABLE.
     shutdown: watch::Receiver<bool>,
 }
@@ -43,6 +47,7 @@ impl Service {
         store: Arc<Store>,
         rings: Arc<Rings>,
         buffers: Arc<MessageBuffers>,
+        streams: Arc<Streams>,
         config: &Config,
         shutdown: watch::Receiver<bool>,
     ) -> Service {
@@ -50,6 +55,7 @@ impl Service {
             shutdown,
             rings,
             buffers,
+            streams,
             catalog,
             store,
             prefetch_batches: config.prefetch_batches,
@@ -65,10 +71,15 @@ impl Service {
 
     fn dataset(&self, name: &str) -> Result<Arc<Dataset>, Status> {
         self.catalog.get(name).ok_or_else(|| {
-            Status::not_found(format!(
-                "unknown dataset {name:?}; this daemon serves: {}",
-                self.catalog.names().join(", ")
-            ))
+            Error::new(
+                Kind::UnknownDataset,
+                format!(
+                    "unknown dataset {}; this daemon serves: {}",
+                    quote(name),
+                    self.catalog.names().join(", ")
+                ),
+            )
+            .into()
         })
     }
 
@@ -84,22 +95,21 @@ impl Service {
             return Ok(None);
         }
         if sel.legacy.is_some() {
-            return Err(Status::invalid_argument(
-                "shared memory needs layout_version 1",
-            ));
+            return Err(bad_request("shared memory needs layout_version 1"));
         }
         let peer = peer.ok_or_else(|| {
-            Status::failed_precondition(
+            precondition(
                 "shared memory is for clients on the daemon's Unix socket; over TCP, batches come in the message",
             )
         })?;
         let ring = self.rings.get(&req.shm_ring, peer).map_err(|_| {
-            Status::permission_denied(
+            Status::from(Error::new(
+                Kind::Denied,
                 "no shared-memory ring with this token belongs to this process (rings live as long as the connection that made them)",
-            )
+            ))
         })?;
         if let Some(&k) = req.held_slots.iter().find(|&&k| k >= ring.slots) {
-            return Err(Status::invalid_argument(format!(
+            return Err(bad_request(format!(
                 "held slot {k} is not in the ring ({} slots)",
                 ring.slots
             )));
@@ -110,36 +120,34 @@ impl Service {
     fn plan(&self, req: &StreamBatchesRequest) -> Result<(Arc<Dataset>, Plan, Selection), Status> {
         let ds = self.dataset(&req.dataset)?;
         let layout = VariableLayout::try_from(req.variable_layout).map_err(|_| {
-            Status::invalid_argument(format!(
+            bad_request(format!(
                 "variable_layout {} is unknown",
                 req.variable_layout
             ))
         })?;
         let mut sel =
             Selection::new(&ds.served, &req.fields, layout, req.layout_version).map_err(|e| {
-                let status = if req.layout_version == 0 && req.fields.is_empty() {
-                    Status::failed_precondition
+                let kind = if req.layout_version == 0 && req.fields.is_empty() {
+                    Kind::Precondition
                 } else {
-                    Status::invalid_argument
+                    Kind::BadRequest
                 };
-                status(format!("dataset {:?}: {e}", ds.name))
+                Status::from(Error::new(kind, format!("dataset {:?}: {e}", ds.name)))
             })?;
         let kind = match req.pipeline.as_str() {
             "" | "eval" => PipelineKind::Eval,
             "train" => PipelineKind::Train,
             other => {
-                return Err(Status::invalid_argument(format!(
-                    "pipeline {other:?} is unknown: ask for \"train\" or \"eval\""
+                return Err(bad_request(format!(
+                    "pipeline {} is unknown: ask for \"train\" or \"eval\"",
+                    quote(other)
                 )))
             }
         };
-        sel.pipeline = ds
-            .pipeline(kind)
-            .map_err(Status::failed_precondition)?
-            .cloned();
+        sel.pipeline = ds.pipeline(kind).map_err(precondition)?.cloned();
         (sel.seed, sel.epoch) = (req.seed, req.epoch);
         if req.batch_size > self.max_batch_size {
-            return Err(Status::invalid_argument(format!(
+            return Err(bad_request(format!(
                 "batch_size {} is larger than the daemon's max_batch_size {}",
                 req.batch_size, self.max_batch_size
             )));
@@ -151,7 +159,7 @@ impl Service {
             .sum();
         let batch_bytes = req.batch_size as u64 * fixed.unwrap_or(0);
         if batch_bytes > MAX_BATCH_BYTES {
-            return Err(Status::invalid_argument(format!(
+            return Err(bad_request(format!(
                 "batch_size {} makes batches of {batch_bytes} bytes; the limit is {MAX_BATCH_BYTES}",
                 req.batch_size
             )));
@@ -172,7 +180,7 @@ impl Service {
             drop_last: req.drop_last,
             even_batches: req.even_batches,
         })
-        .map_err(|e| Status::invalid_argument(format!("{e:#}")))?;
+        .map_err(|e| bad_request(format!("{e:#}")))?;
         Ok((ds, plan, sel))
     }
 }
@@ -268,10 +276,10 @@ impl Larder for Service {
     ) -> Result<Response<Self::WarmStream>, Status> {
         let ds = self.dataset(&request.into_inner().dataset)?;
         if ds.scratch.is_none() {
-            return Err(Status::failed_precondition(format!(
+            return Err(Status::from(Error::new(Kind::NoScratch, format!(
                 "dataset {:?} has no scratch tier (scratch.enabled is false or its directory is unusable; see the daemon's log)",
                 ds.name
-            )));
+            ))));
         }
         let (progress_tx, mut progress_rx) = mpsc::channel(16);
         let (tx, rx) = mpsc::channel(16);
@@ -307,9 +315,7 @@ impl Larder for Service {
                 }
                 Err(e) => {
                     tracing::warn!(dataset = %ds.name, "warming failed: {e:#}");
-                    let _ = tx
-                        .send(Err(Status::resource_exhausted(format!("{e:#}"))))
-                        .await;
+                    let _ = tx.send(Err(crate::error::status(&e))).await;
                 }
             }
         });
@@ -358,15 +364,26 @@ impl Larder for Service {
             rank = req.rank, world_size = req.world_size, start_batch = req.start_batch,
             batches = plan.num_batches, shm = ring.is_some(), "stream opened"
         );
-        let guard = self.store.open_stream(plan.remaining_samples());
-        let (plan_start, plan_end) = (plan.start_batch, plan.num_batches);
+        let handle = self.streams.open(StreamSpec {
+            peer,
+            dataset: ds.name.clone(),
+            batch_size: req.batch_size,
+            seed: req.seed,
+            epoch: req.epoch,
+            rank: req.rank,
+            world_size: req.world_size,
+            start_batch: plan.start_batch,
+            num_batches: plan.num_batches,
+            samples: plan.remaining_samples(),
+            shm: ring.is_some(),
+        });
+        let plan_start = plan.start_batch;
         let (store, buffers) = (self.store.clone(), self.buffers.clone());
         let prefetch = self.prefetch_batches;
         let shutdown = self.shutdown.clone();
         let (tx, rx) = mpsc::channel(1);
         let held = req.held_slots.clone();
         tokio::spawn(async move {
-            let _guard = guard;
             // The ring is this stream's until it ends (a previous stream on it must stop first).
             let _lease = match &ring {
                 Some(r) => Some(r.begin_stream(&held, plan_start).await),
@@ -412,7 +429,7 @@ impl Larder for Service {
                     Ok((batch, slot)) => (Ok(batch), slot),
                     Err(e) => {
                         tracing::error!(dataset = %ds.name, "stream failed: {e:#}");
-                        (Err(Status::internal(format!("{e:#}"))), None)
+                        (Err(crate::error::status(&e)), None)
                     }
                 };
                 let failed = item.is_err();
@@ -429,24 +446,17 @@ impl Larder for Service {
             }
             tracing::info!(dataset = %ds.name, seconds = started.elapsed().as_secs_f64(), "stream finished");
         });
-        let metered = MeteredStream::new(
-            rx,
-            self.store.metrics.clone(),
-            (plan_start, plan_end),
-            format!(
-                "{} rank {}/{} epoch {}",
-                req.dataset,
-                req.rank,
-                req.world_size.max(1),
-                req.epoch
-            ),
-        );
+        let metered = MeteredStream::new(rx, handle);
         Ok(Response::new(Box::pin(metered)))
     }
 }
 
 fn shutting_down() -> Status {
-    Status::unavailable("larderd is shutting down; reconnect and resume from the next batch")
+    Error::new(
+        Kind::ShuttingDown,
+        "larderd is shutting down; reconnect and resume from the next batch",
+    )
+    .into()
 }
 
 fn to_proto(p: crate::store::WarmProgress) -> WarmProgress {

@@ -25,6 +25,7 @@
 //! already waits for that very batch and holds every slot (it keeps batches alive), the batch
 //! goes in the message instead, so a client never deadlocks the stream.
 
+pub use crate::peer::Peer;
 use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
 use std::io;
@@ -52,22 +53,6 @@ pub const MAX_SLOTS: u32 = ((HEADER_BYTES as usize - STATES_AT) / 4) as u32;
 const REQUEST_BYTES: usize = 24;
 /// A connection that says nothing for this long is closed.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Who is at the other end of a Unix socket, from SO_PEERCRED.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Peer {
-    pub pid: Option<i32>,
-    pub uid: u32,
-}
-
-impl From<tokio::net::unix::UCred> for Peer {
-    fn from(cred: tokio::net::unix::UCred) -> Peer {
-        Peer {
-            pid: cred.pid(),
-            uid: cred.uid(),
-        }
-    }
-}
 
 /// Why a stream may not use the ring it names.
 #[derive(Debug, PartialEq, Eq)]

@@ -4,19 +4,21 @@
 use super::buffers::MessageBuffers;
 use super::shm::{Ring, Slot};
 use crate::catalog::Dataset;
+use crate::error::{quote, Error, Kind};
 use crate::fields::{FieldSpec, Schema};
 use crate::metrics::Metrics;
 use crate::pipeline::{Cut, Pipeline};
 use crate::proto::{Batch, FieldBatch, VariableLayout};
 use crate::sampler::Plan;
 use crate::store::Store;
+use crate::streams::StreamHandle;
 use anyhow::{ensure, Context, Result};
 use bytes::Bytes;
 use futures::Stream;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::sync::mpsc;
 use tonic::Status;
 
@@ -58,12 +60,13 @@ impl Selection {
             for n in names {
                 let (i, _) = schema.field(n).ok_or_else(|| {
                     format!(
-                        "no field {n:?}; the dataset's fields are: {}",
+                        "no field {}; the dataset's fields are: {}",
+                        quote(n),
                         schema.names().join(", ")
                     )
                 })?;
                 if picked.contains(&i) {
-                    return Err(format!("field {n:?} is asked for twice"));
+                    return Err(format!("field {} is asked for twice", quote(n)));
                 }
                 picked.push(i);
             }
@@ -533,38 +536,28 @@ fn copy_padded(src: &[u8], dims: &[u32], dst: &mut [u8], max: &[u32], item: usiz
     }
 }
 
-/// Counts the time the outgoing stream waits for a batch that is not ready (client stall),
-/// and the batches it hands on.
+/// The outgoing stream: hands the producer's batches on, counting in the stream's registration
+/// the time it waits for a batch that is not ready (client stall) and the batches it hands on.
 pub struct MeteredStream {
     pub rx: mpsc::Receiver<Result<Batch, Status>>,
-    pub metrics: Arc<Metrics>,
+    /// The stream's registration: it stays open while this lives.
+    pub handle: StreamHandle,
     pub waiting_since: Option<Instant>,
     /// The batch the client gets next, and the end of the epoch: a stream that ends before it
     /// ends with an error, never as if the epoch were complete.
     pub next_batch: u64,
     pub num_batches: u64,
-    /// This stream's stall time so far, logged when it closes.
-    pub stalled: Duration,
-    pub opened: Instant,
-    pub name: String,
 }
 
 impl MeteredStream {
-    pub fn new(
-        rx: mpsc::Receiver<Result<Batch, Status>>,
-        metrics: Arc<Metrics>,
-        (next_batch, num_batches): (u64, u64),
-        name: String,
-    ) -> MeteredStream {
+    pub fn new(rx: mpsc::Receiver<Result<Batch, Status>>, handle: StreamHandle) -> MeteredStream {
+        let (next_batch, num_batches) = (handle.spec().start_batch, handle.spec().num_batches);
         MeteredStream {
             rx,
-            metrics,
+            handle,
             waiting_since: None,
             next_batch,
             num_batches,
-            stalled: Duration::ZERO,
-            opened: Instant::now(),
-            name,
         }
     }
 }
@@ -572,20 +565,6 @@ impl MeteredStream {
 /// Bytes a batch carries.
 fn batch_bytes(b: &Batch) -> u64 {
     b.data.len() as u64 + b.fields.iter().map(|f| f.data.len() as u64).sum::<u64>()
-}
-
-impl Drop for MeteredStream {
-    fn drop(&mut self) {
-        let open = self.opened.elapsed().as_secs_f64();
-        let stalled = self.stalled.as_secs_f64();
-        tracing::info!(
-            stream = %self.name,
-            open_seconds = open,
-            stall_seconds = stalled,
-            "stream closed; the client waited on larder {:.0}% of the time",
-            if open > 0.0 { stalled / open * 100.0 } else { 0.0 }
-        );
-    }
 }
 
 impl Stream for MeteredStream {
@@ -599,25 +578,30 @@ impl Stream for MeteredStream {
             }
             Poll::Ready(item) => {
                 if let Some(since) = self.waiting_since.take() {
-                    let waited = since.elapsed();
-                    self.stalled += waited;
-                    self.metrics.record_stall(waited);
+                    self.handle.record_stall(since.elapsed());
                 }
                 match &item {
                     Some(Ok(b)) => {
                         self.next_batch = b.batch_index + 1;
-                        self.metrics
-                            .record_batch(b.sample_ids.len() as u64, batch_bytes(b));
+                        self.handle.record_batch(
+                            b.batch_index,
+                            b.sample_ids.len() as u64,
+                            batch_bytes(b),
+                        );
                     }
                     Some(Err(_)) => self.next_batch = self.num_batches, // the error says why
                     None if self.next_batch < self.num_batches => {
                         let missing = self.next_batch;
                         self.next_batch = self.num_batches;
-                        tracing::error!(stream = %self.name, batch = missing, "stream producer stopped early");
-                        return Poll::Ready(Some(Err(Status::internal(format!(
-                            "larderd stopped this stream before batch {missing} of {}; resume from it",
-                            self.num_batches
-                        )))));
+                        tracing::error!(stream = %self.handle.spec().name(), batch = missing, "stream producer stopped early");
+                        return Poll::Ready(Some(Err(Error::new(
+                            Kind::Internal,
+                            format!(
+                                "larderd stopped this stream before batch {missing} of {}; resume from it",
+                                self.num_batches
+                            ),
+                        )
+                        .into())));
                     }
                     None => {}
                 }
@@ -634,12 +618,17 @@ mod tests {
     use futures::StreamExt;
 
     fn metered(rx: mpsc::Receiver<Result<Batch, Status>>, start: u64, end: u64) -> MeteredStream {
-        MeteredStream::new(
-            rx,
+        let streams = crate::streams::Streams::new(
+            Arc::new(crate::memory::MemoryTier::new(1 << 20)),
             Arc::new(Metrics::default()),
-            (start, end),
-            "test".into(),
-        )
+        );
+        let handle = streams.open(crate::streams::StreamSpec {
+            dataset: "test".into(),
+            start_batch: start,
+            num_batches: end,
+            ..Default::default()
+        });
+        MeteredStream::new(rx, handle)
     }
 
     fn batch(i: u64) -> Result<Batch, Status> {

@@ -1,0 +1,20 @@
+//! Who is asking: the process at the other end of a Unix-socket connection, as the kernel
+//! says (SO_PEERCRED). Over TCP there is none.
+
+/// The peer of a Unix-socket connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    /// Its process id (None where the kernel does not say).
+    pub pid: Option<i32>,
+    /// Its user id.
+    pub uid: u32,
+}
+
+impl From<tokio::net::unix::UCred> for Peer {
+    fn from(cred: tokio::net::unix::UCred) -> Peer {
+        Peer {
+            pid: cred.pid(),
+            uid: cred.uid(),
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! The registry of open streams: for each, who opened it, on which dataset, its plan, where it
+//! is, what it has been served and how long its client has waited for batches. A stream is
+//! registered when it opens and leaves when its handle is dropped (the client got the whole
+//! epoch, went away, or the daemon stopped it). The memory tier's staleness window, the stats,
+//! and what comes next (the eviction policy reading every stream's future, the access check at
+//! open, per-job metrics) read it here.
+
+use crate::memory::MemoryTier;
+use crate::metrics::Metrics;
+use crate::peer::Peer;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What a stream is, fixed when it opens.
+#[derive(Debug, Clone, Default)]
+pub struct StreamSpec {
+    /// The process that opened it, on the Unix socket (None over TCP).
+    pub peer: Option<Peer>,
+    pub dataset: String,
+    pub batch_size: u32,
+    pub seed: u64,
+    pub epoch: u64,
+    pub rank: u32,
+    pub world_size: u32,
+    /// The batches of its plan it serves: `start_batch..num_batches`.
+    pub start_batch: u64,
+    pub num_batches: u64,
+    /// Samples it will look up this epoch.
+    pub samples: u64,
+    /// Delivered in a shared-memory ring (else in the messages).
+    pub shm: bool,
+}
+
+impl StreamSpec {
+    /// How the logs name it.
+    pub fn name(&self) -> String {
+        format!(
+            "{} rank {}/{} epoch {}",
+            self.dataset,
+            self.rank,
+            self.world_size.max(1),
+            self.epoch
+        )
+    }
+}
+
+/// A stream's registration: its spec and its counters so far.
+#[derive(Debug)]
+pub struct StreamState {
+    /// Unique among the streams this daemon has opened.
+    pub id: u64,
+    pub spec: StreamSpec,
+    pub opened: Instant,
+    /// The batch the client gets next.
+    next_batch: AtomicU64,
+    batches: AtomicU64,
+    samples: AtomicU64,
+    bytes: AtomicU64,
+    /// Time the client waited for a batch that was not ready.
+    stall_nanos: AtomicU64,
+}
+
+/// A stream's state as of now.
+#[derive(Debug, Clone)]
+pub struct StreamSnapshot {
+    pub id: u64,
+    pub spec: StreamSpec,
+    pub open: Duration,
+    pub next_batch: u64,
+    pub batches: u64,
+    pub samples: u64,
+    pub bytes: u64,
+    pub stalled: Duration,
+}
+
+/// The open streams.
+pub struct Streams {
+    /// Told how long an entry in use may go between two lookups (twice the samples per epoch
+    /// of all open streams).
+    memory: Arc<MemoryTier>,
+    /// The daemon-wide counters the streams add to.
+    metrics: Arc<Metrics>,
+    next_id: AtomicU64,
+    open: Mutex<BTreeMap<u64, Arc<StreamState>>>,
+    /// Samples per epoch of all open streams together.
+    samples: AtomicU64,
+}
+
+impl Streams {
+    pub fn new(memory: Arc<MemoryTier>, metrics: Arc<Metrics>) -> Arc<Streams> {
+        Arc::new(Streams {
+            memory,
+            metrics,
+            next_id: AtomicU64::new(1),
+            open: Mutex::new(BTreeMap::new()),
+            samples: AtomicU64::new(0),
+        })
+    }
+
+    /// Registers a stream; it stays registered while the handle lives.
+    pub fn open(self: &Arc<Self>, spec: StreamSpec) -> StreamHandle {
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let total = self.samples.fetch_add(spec.samples, SeqCst) + spec.samples;
+        self.memory.set_stale_after(2 * total);
+        self.metrics.stream_opened();
+        let state = Arc::new(StreamState {
+            id,
+            next_batch: AtomicU64::new(spec.start_batch),
+            spec,
+            opened: Instant::now(),
+            batches: AtomicU64::new(0),
+            samples: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            stall_nanos: AtomicU64::new(0),
+        });
+        self.lock().insert(id, state.clone());
+        StreamHandle {
+            streams: self.clone(),
+            state,
+        }
+    }
+
+    /// Every open stream, oldest first.
+    pub fn snapshot(&self) -> Vec<StreamSnapshot> {
+        self.lock().values().map(|s| s.snapshot()).collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<StreamState>>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl StreamState {
+    fn snapshot(&self) -> StreamSnapshot {
+        StreamSnapshot {
+            id: self.id,
+            spec: self.spec.clone(),
+            open: self.opened.elapsed(),
+            next_batch: self.next_batch.load(Relaxed),
+            batches: self.batches.load(Relaxed),
+            samples: self.samples.load(Relaxed),
+            bytes: self.bytes.load(Relaxed),
+            stalled: Duration::from_nanos(self.stall_nanos.load(Relaxed)),
+        }
+    }
+}
+
+/// An open stream's registration.
+pub struct StreamHandle {
+    streams: Arc<Streams>,
+    state: Arc<StreamState>,
+}
+
+impl StreamHandle {
+    pub fn spec(&self) -> &StreamSpec {
+        &self.state.spec
+    }
+
+    /// Batch `index`, of `samples` samples and `bytes` bytes, went to the client.
+    pub fn record_batch(&self, index: u64, samples: u64, bytes: u64) {
+        let s = &self.state;
+        s.next_batch.store(index + 1, Relaxed);
+        s.batches.fetch_add(1, Relaxed);
+        s.samples.fetch_add(samples, Relaxed);
+        s.bytes.fetch_add(bytes, Relaxed);
+        self.streams.metrics.record_batch(samples, bytes);
+    }
+
+    /// The client waited `d` for a batch that was not ready.
+    pub fn record_stall(&self, d: Duration) {
+        self.state
+            .stall_nanos
+            .fetch_add(d.as_nanos() as u64, Relaxed);
+        self.streams.metrics.record_stall(d);
+    }
+
+    pub fn snapshot(&self) -> StreamSnapshot {
+        self.state.snapshot()
+    }
+}
+
+impl Drop for StreamHandle {
+    fn drop(&mut self) {
+        let streams = &self.streams;
+        streams.lock().remove(&self.state.id);
+        // The memory tier keeps the staleness window of the last open: a closing stream is
+        // usually followed by its next epoch.
+        streams.samples.fetch_sub(self.state.spec.samples, SeqCst);
+        streams.metrics.stream_closed();
+        let s = self.state.snapshot();
+        let (open, stalled) = (s.open.as_secs_f64(), s.stalled.as_secs_f64());
+        tracing::info!(
+            stream = %s.spec.name(),
+            open_seconds = open,
+            stall_seconds = stalled,
+            "stream closed; the client waited on larder {:.0}% of the time",
+            if open > 0.0 { stalled / open * 100.0 } else { 0.0 }
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_is_registered_while_its_handle_lives() {
+        let metrics = Arc::new(Metrics::default());
+        let streams = Streams::new(Arc::new(MemoryTier::new(1 << 20)), metrics.clone());
+        let spec = |dataset: &str, samples| StreamSpec {
+            dataset: dataset.into(),
+            samples,
+            start_batch: 2,
+            num_batches: 10,
+            ..Default::default()
+        };
+        let a = streams.open(spec("a", 100));
+        let b = streams.open(spec("b", 50));
+        assert_eq!(streams.samples.load(SeqCst), 150);
+        a.record_batch(2, 8, 800);
+        a.record_stall(Duration::from_millis(5));
+        let open = streams.snapshot();
+        assert_eq!(open.len(), 2);
+        assert_eq!(open[0].spec.dataset, "a");
+        assert_eq!((open[0].next_batch, open[0].batches), (3, 1));
+        assert_eq!((open[0].samples, open[0].bytes), (8, 800));
+        assert_eq!(open[0].stalled, Duration::from_millis(5));
+        assert_eq!(open[1].next_batch, 2, "b has served nothing yet");
+        assert_eq!(metrics.to_proto().active_streams, 2);
+        drop(a);
+        let open = streams.snapshot();
+        assert_eq!((open.len(), open[0].spec.dataset.as_str()), (1, "b"));
+        assert_eq!(streams.samples.load(SeqCst), 50);
+        drop(b);
+        assert!(streams.snapshot().is_empty());
+        assert_eq!(metrics.to_proto().active_streams, 0);
+        assert_eq!(metrics.to_proto().batches_served, 1);
+    }
+}
