@@ -37,7 +37,7 @@ async fn main() -> Result<()> {
             _ = term.recv() => {}
         }
         tracing::info!("shutting down");
-        let _ = stop.send(true);
+        stop.fire();
     });
     daemon.wait().await
 }

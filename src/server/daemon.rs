@@ -5,6 +5,7 @@ use super::buffers::{MessageBuffers, SPARE_IDLE};
 use super::sent::CountedBody;
 use super::service::Service;
 use super::shm::{self, Rings};
+use super::shutdown::{self, Shutdown, Trigger};
 use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::memory::{self, MemoryTier};
@@ -18,7 +19,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::body::Body;
 
@@ -29,7 +29,7 @@ pub struct Daemon {
     pub unix_socket: Option<PathBuf>,
     pub catalog: Arc<Catalog>,
     pub store: Arc<Store>,
-    shutdown: watch::Sender<bool>,
+    shutdown: Trigger,
     servers: Vec<JoinHandle<Result<()>>>,
     /// The memory watcher and the task that frees idle message buffers.
     watcher: JoinHandle<()>,
@@ -73,7 +73,7 @@ impl Daemon {
         ));
         let trimmer = tokio::spawn(trim_idle_buffers(buffers.clone()));
         let catalog = Arc::new(catalog);
-        let (shutdown, shutdown_rx) = watch::channel(false);
+        let (shutdown, shutdown_rx) = shutdown::channel();
         let rings = Rings::new(config.shm_budget_bytes(total));
         let service = Service::new(
             catalog.clone(),
@@ -126,7 +126,7 @@ impl Daemon {
 
     /// Stops accepting, lets open streams end, and waits for the servers.
     pub async fn shutdown(self) -> Result<()> {
-        let _ = self.shutdown.send(true);
+        self.shutdown.fire();
         self.wait().await
     }
 
@@ -144,7 +144,7 @@ impl Daemon {
     }
 
     /// A handle that asks the daemon to shut down.
-    pub fn shutdown_handle(&self) -> watch::Sender<bool> {
+    pub fn shutdown_handle(&self) -> Trigger {
         self.shutdown.clone()
     }
 }
@@ -153,7 +153,7 @@ impl Daemon {
 fn spawn_server<I, IO, IE>(
     service: &Service,
     incoming: I,
-    shutdown: &watch::Sender<bool>,
+    shutdown: &Trigger,
     transport: &'static str,
 ) -> JoinHandle<Result<()>>
 where
@@ -179,7 +179,7 @@ where
     let mut stop = shutdown.subscribe();
     tokio::spawn(async move {
         router
-            .serve_with_incoming_shutdown(incoming, async move { until_stopped(&mut stop).await })
+            .serve_with_incoming_shutdown(incoming, async move { stop.stopped().await })
             .await
             .with_context(|| format!("{transport} server failed"))
     })
@@ -190,7 +190,7 @@ where
 fn route_unix(
     listener: tokio::net::UnixListener,
     rings: Arc<Rings>,
-    mut stop: watch::Receiver<bool>,
+    mut stop: Shutdown,
 ) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<tokio::net::UnixStream>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
@@ -205,7 +205,7 @@ fn route_unix(
                         continue;
                     }
                 },
-                _ = until_stopped(&mut stop) => return,
+                _ = stop.stopped() => return,
             };
             let (tx, rings, stop) = (tx.clone(), rings.clone(), stop.clone());
             tokio::spawn(async move {
@@ -234,11 +234,6 @@ async fn trim_idle_buffers(buffers: Arc<MessageBuffers>) {
             crate::alloc::give_back();
         }
     }
-}
-
-/// Resolves once the daemon is shutting down.
-pub(super) async fn until_stopped(rx: &mut watch::Receiver<bool>) {
-    let _ = rx.wait_for(|stop| *stop).await;
 }
 
 fn bind_unix(path: &std::path::Path, mode: u32) -> Result<tokio::net::UnixListener> {

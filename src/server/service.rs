@@ -2,8 +2,8 @@
 //! hold shared state only.
 
 use super::buffers::MessageBuffers;
-use super::daemon::until_stopped;
 use super::shm::{Peer, Ring, Rings};
+use super::shutdown::Shutdown;
 use super::stream::{assemble, slot_offsets, MeteredStream, Selection, MAX_BATCH_BYTES};
 use crate::catalog::{Catalog, Dataset, PipelineKind};
 use crate::config::Config;
@@ -21,7 +21,7 @@ use futures::{Stream, StreamExt};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 
 #[derive(Clone)]
@@ -38,7 +38,7 @@ pub struct Service {
     /// The open streams.
     streams: Arc<Streams>,
     /// Becomes true when the daemon shuts down: open streams end with UNAVAILABLE.
-    shutdown: watch::Receiver<bool>,
+    shutdown: Shutdown,
 }
 
 impl Service {
@@ -49,7 +49,7 @@ impl Service {
         buffers: Arc<MessageBuffers>,
         streams: Arc<Streams>,
         config: &Config,
-        shutdown: watch::Receiver<bool>,
+        shutdown: Shutdown,
     ) -> Service {
         Service {
             shutdown,
@@ -293,7 +293,7 @@ impl Larder for Service {
             let result = loop {
                 tokio::select! {
                     result = &mut warm => break result,
-                    _ = until_stopped(&mut shutdown) => {
+                    _ = shutdown.stopped() => {
                         let _ = tx.send(Err(shutting_down())).await;
                         return;
                     }
@@ -415,7 +415,7 @@ impl Larder for Service {
                         Some(result) => result,
                         None => break,
                     },
-                    _ = until_stopped(&mut shutdown) => {
+                    _ = shutdown.stopped() => {
                         let _ = tx.send(Err(shutting_down())).await;
                         return;
                     }

@@ -25,6 +25,7 @@
 //! already waits for that very batch and holds every slot (it keeps batches alive), the batch
 //! goes in the message instead, so a client never deadlocks the stream.
 
+use super::shutdown::Shutdown;
 pub use crate::peer::Peer;
 use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
@@ -35,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, Interest};
 use tokio::net::UnixStream;
-use tokio::sync::{watch, OwnedMutexGuard};
+use tokio::sync::OwnedMutexGuard;
 
 /// First bytes of a ring request on the Unix socket (an HTTP/2 client starts with "PRI * HT").
 pub const MAGIC: &[u8; 8] = b"LARDRING";
@@ -189,7 +190,7 @@ impl Rings {
 
     /// Serves one ring connection: makes the ring asked for, hands it over, and keeps it until
     /// the client closes the connection (or dies) or the daemon stops.
-    pub async fn serve(self: Arc<Self>, mut stream: UnixStream, mut stop: watch::Receiver<bool>) {
+    pub async fn serve(self: Arc<Self>, mut stream: UnixStream, mut stop: Shutdown) {
         let peer = match stream.peer_cred() {
             Ok(cred) => Peer::from(cred),
             Err(e) => {
@@ -239,7 +240,7 @@ impl Rings {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {} // nothing is expected; ignore
                 },
-                _ = stop.wait_for(|s| *s) => break,
+                _ = stop.stopped() => break,
             }
         }
         if let Some(ring) = self.open.lock().unwrap().remove(&token) {
