@@ -5,11 +5,11 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use larder::config::FieldConfig;
 use larder::fields::Value;
-use larder::memory::MemoryTier;
 use larder::pipeline::{FieldOp, Preprocess, Resize};
 use larder::sampler::epoch_order;
-use larder::scratch::{ScratchSpace, ScratchTier};
 use larder::source::{Hdf5Source, RawSource};
+use larder::tiers::memory::MemoryTier;
+use larder::tiers::scratch::{ScratchSpace, ScratchTier};
 use std::hint::black_box;
 
 const SAMPLE: usize = 3 * 64 * 64;

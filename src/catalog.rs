@@ -3,8 +3,8 @@
 use crate::config::{DatasetConfig, ImageMode, OnError, ScratchConfig, SourceKind, TrainCrop};
 use crate::fields::{Pairing, Resample, Schema};
 use crate::pipeline::{Crop, FieldOp, Pipeline, Preprocess, Resize, Spatial};
-use crate::scratch::{fnv1a, ScratchSpace, ScratchTier};
 use crate::source::{Hdf5Source, ImageFolderSource, RawSample, RawSource};
+use crate::tiers::scratch::{fnv1a, ScratchSpace, ScratchTier};
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -3,10 +3,10 @@
 
 use crate::client::{collect_batches, connect};
 use crate::config::Config;
-use crate::memory::ENTRY_OVERHEAD;
 use crate::metrics::format_stats;
 use crate::proto::{GetStatsRequest, ListDatasetsRequest, StreamBatchesRequest};
 use crate::server::Daemon;
+use crate::tiers::memory::ENTRY_OVERHEAD;
 use anyhow::{ensure, Context, Result};
 use std::path::Path;
 use std::time::Instant;

@@ -10,16 +10,14 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod fields;
-pub mod memory;
 pub mod metrics;
 pub mod peer;
 pub mod pipeline;
 pub mod sampler;
-pub mod scratch;
 pub mod server;
 pub mod source;
-pub mod store;
 pub mod streams;
+pub mod tiers;
 pub mod workers;
 
 /// Generated gRPC types for `larder.v1`.

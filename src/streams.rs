@@ -5,9 +5,9 @@
 //! and what comes next (the eviction policy reading every stream's future, the access check at
 //! open, per-job metrics) read it here.
 
-use crate::memory::MemoryTier;
 use crate::metrics::Metrics;
 use crate::peer::Peer;
+use crate::tiers::memory::MemoryTier;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -77,8 +77,7 @@ pub struct StreamSnapshot {
 
 /// The open streams.
 pub struct Streams {
-    /// Told how long an entry in use may go between two lookups (twice the samples per epoch
-    /// of all open streams).
+    /// Told how many samples the open streams look up an epoch together (its policy's hint).
     memory: Arc<MemoryTier>,
     /// The daemon-wide counters the streams add to.
     metrics: Arc<Metrics>,
@@ -103,7 +102,7 @@ impl Streams {
     pub fn open(self: &Arc<Self>, spec: StreamSpec) -> StreamHandle {
         let id = self.next_id.fetch_add(1, Relaxed);
         let total = self.samples.fetch_add(spec.samples, SeqCst) + spec.samples;
-        self.memory.set_stale_after(2 * total);
+        self.memory.set_streaming_samples(total);
         self.metrics.stream_opened();
         let state = Arc::new(StreamState {
             id,

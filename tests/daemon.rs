@@ -6,10 +6,10 @@ use common::{bytes_read, check_contents, check_epoch, hits, ids, SAMPLE_BYTES, S
 use larder::client::{collect_batches, connect, Client};
 use larder::config::Config;
 use larder::demo::make_dataset;
-use larder::memory::ENTRY_OVERHEAD;
 use larder::proto::{Batch, ListDatasetsRequest, Stats, StreamBatchesRequest};
 use larder::server::Daemon;
 use larder::source::MAX_GRANULE;
+use larder::tiers::memory::ENTRY_OVERHEAD;
 use std::collections::HashSet;
 use std::time::Duration;
 use tonic::Code;

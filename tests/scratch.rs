@@ -327,7 +327,8 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
                     .unwrap();
                 let dims = &kept[0].dims;
                 if epoch == 0 {
-                    kept_bytes += 16 + kept[0].data.len() as u64 + larder::memory::ENTRY_OVERHEAD;
+                    kept_bytes +=
+                        16 + kept[0].data.len() as u64 + larder::tiers::memory::ENTRY_OVERHEAD;
                 }
                 let cut = center.cut(0, 0, id, (dims[1], dims[2]));
                 let spec = FieldSpec::new("image", DType::Uint8, vec![Some(3), None, None]);

@@ -15,8 +15,8 @@ use crate::proto::{
     VariableLayout, WarmProgress, WarmRequest,
 };
 use crate::sampler::{Plan, PlanRequest};
-use crate::store::Store;
 use crate::streams::{StreamSpec, Streams};
+use crate::tiers::store::Store;
 use futures::{Stream, StreamExt};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -459,7 +459,7 @@ fn shutting_down() -> Status {
     .into()
 }
 
-fn to_proto(p: crate::store::WarmProgress) -> WarmProgress {
+fn to_proto(p: crate::tiers::store::WarmProgress) -> WarmProgress {
     WarmProgress {
         done: p.done,
         total: p.total,

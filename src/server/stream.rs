@@ -10,8 +10,8 @@ use crate::metrics::Metrics;
 use crate::pipeline::{Cut, Pipeline};
 use crate::proto::{Batch, FieldBatch, VariableLayout};
 use crate::sampler::Plan;
-use crate::store::Store;
 use crate::streams::StreamHandle;
+use crate::tiers::store::Store;
 use anyhow::{ensure, Context, Result};
 use bytes::Bytes;
 use futures::Stream;
@@ -619,7 +619,7 @@ mod tests {
 
     fn metered(rx: mpsc::Receiver<Result<Batch, Status>>, start: u64, end: u64) -> MeteredStream {
         let streams = crate::streams::Streams::new(
-            Arc::new(crate::memory::MemoryTier::new(1 << 20)),
+            Arc::new(crate::tiers::memory::MemoryTier::new(1 << 20)),
             Arc::new(Metrics::default()),
         );
         let handle = streams.open(crate::streams::StreamSpec {

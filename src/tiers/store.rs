@@ -7,10 +7,10 @@
 use crate::catalog::Dataset;
 use crate::config::OnError;
 use crate::error::{Error, Kind};
-use crate::memory::{Key, MemoryTier};
 use crate::metrics::{Metrics, Tier};
-use crate::scratch::ScratchTier;
 use crate::source::RawSample;
+use crate::tiers::memory::{Key, MemoryTier};
+use crate::tiers::scratch::ScratchTier;
 use crate::workers::Workers;
 use anyhow::{anyhow, Context, Result};
 use bytes::Bytes;
