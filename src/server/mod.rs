@@ -1,9 +1,13 @@
-//! The gRPC server: `service` (handlers and validation), `stream` (batch assembly and metered
-//! forwarding), `shm` (shared-memory rings for clients on the Unix socket), `buffers` (message
-//! buffers reused by the bytes path), `sent` (encoded messages counted until sent), `shutdown` (the daemon's stop, a type every part holds), `daemon` (wiring and listeners).
+//! The gRPC server: `service` (handlers and validation), `stream` (field selection, batch
+//! assembly, the producer that forwards a stream's batches, metered delivery), `layout` (a
+//! batch's fields laid out for the message or a slot), `shm` (shared-memory rings for clients on
+//! the Unix socket), `buffers` (message buffers reused by the bytes path), `sent` (encoded
+//! messages counted until sent), `shutdown` (the daemon's stop, a type every part holds),
+//! `daemon` (wiring and listeners).
 
 pub mod buffers;
 mod daemon;
+mod layout;
 mod sent;
 mod service;
 mod shm;

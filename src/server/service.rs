@@ -2,9 +2,10 @@
 //! hold shared state only.
 
 use super::buffers::MessageBuffers;
+use super::layout::slot_offsets;
 use super::shm::{Peer, Ring, Rings};
-use super::shutdown::Shutdown;
-use super::stream::{assemble, slot_offsets, MeteredStream, Selection, MAX_BATCH_BYTES};
+use super::shutdown::{shutting_down, Shutdown};
+use super::stream::{MeteredStream, Producer, Selection, MAX_BATCH_BYTES};
 use crate::catalog::{Catalog, Dataset, PipelineKind};
 use crate::config::Config;
 use crate::error::{bad_request, precondition, quote, Error, Kind};
@@ -17,10 +18,9 @@ use crate::proto::{
 use crate::sampler::{Plan, PlanRequest};
 use crate::streams::{StreamSpec, Streams};
 use crate::tiers::store::Store;
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 
@@ -377,86 +377,22 @@ impl Larder for Service {
             samples: plan.remaining_samples(),
             shm: ring.is_some(),
         });
-        let plan_start = plan.start_batch;
-        let (store, buffers) = (self.store.clone(), self.buffers.clone());
-        let prefetch = self.prefetch_batches;
-        let shutdown = self.shutdown.clone();
         let (tx, rx) = mpsc::channel(1);
-        let held = req.held_slots.clone();
-        tokio::spawn(async move {
-            // The ring is this stream's until it ends (a previous stream on it must stop first).
-            let _lease = match &ring {
-                Some(r) => Some(r.begin_stream(&held, plan_start).await),
-                None => None,
-            };
-            let started = Instant::now();
-            let (plan, sel) = (Arc::new(plan), Arc::new(sel));
-            // Assemble up to `prefetch` batches ahead of the client, in order.
-            let mut batches =
-                futures::stream::iter(plan.start_batch..plan.num_batches)
-                    .map(|b| {
-                        let (store, ds, plan, sel, ring, buffers) = (
-                            store.clone(),
-                            ds.clone(),
-                            plan.clone(),
-                            sel.clone(),
-                            ring.clone(),
-                            buffers.clone(),
-                        );
-                        async move {
-                            assemble(&store, &ds, &plan, &sel, b, ring.as_ref(), &buffers).await
-                        }
-                    })
-                    .buffered(prefetch);
-            let mut shutdown = shutdown;
-            loop {
-                let result = tokio::select! {
-                    next = batches.next() => match next {
-                        Some(result) => result,
-                        None => break,
-                    },
-                    _ = shutdown.stopped() => {
-                        let _ = tx.send(Err(shutting_down())).await;
-                        return;
-                    }
-                    // The client went away while a batch waited (for a slot, say).
-                    _ = tx.closed() => {
-                        tracing::info!(dataset = %ds.name, "client went away; stream closed");
-                        return;
-                    }
-                };
-                let (item, slot) = match result {
-                    Ok((batch, slot)) => (Ok(batch), slot),
-                    Err(e) => {
-                        tracing::error!(dataset = %ds.name, "stream failed: {e:#}");
-                        (Err(crate::error::status(&e)), None)
-                    }
-                };
-                let failed = item.is_err();
-                if tx.send(item).await.is_err() {
-                    tracing::info!(dataset = %ds.name, "client went away; stream closed");
-                    return; // the slot, never delivered, is free again
-                }
-                if let Some(slot) = slot {
-                    slot.hand_over();
-                }
-                if failed {
-                    return;
-                }
-            }
-            tracing::info!(dataset = %ds.name, seconds = started.elapsed().as_secs_f64(), "stream finished");
-        });
+        let producer = Producer {
+            store: self.store.clone(),
+            ds,
+            plan: Arc::new(plan),
+            sel: Arc::new(sel),
+            ring,
+            held_slots: req.held_slots,
+            buffers: self.buffers.clone(),
+            prefetch: self.prefetch_batches,
+            shutdown: self.shutdown.clone(),
+        };
+        tokio::spawn(producer.run(tx));
         let metered = MeteredStream::new(rx, handle);
         Ok(Response::new(Box::pin(metered)))
     }
-}
-
-fn shutting_down() -> Status {
-    Error::new(
-        Kind::ShuttingDown,
-        "larderd is shutting down; reconnect and resume from the next batch",
-    )
-    .into()
 }
 
 fn to_proto(p: crate::tiers::store::WarmProgress) -> WarmProgress {

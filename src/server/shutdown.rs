@@ -2,7 +2,9 @@
 //! the Unix-socket router, ring connections, streams, warms) holds a [`Shutdown`] and awaits
 //! [`Shutdown::stopped`]; the daemon and the binary's signal handler hold the [`Trigger`].
 
+use crate::error::{Error, Kind};
 use tokio::sync::watch;
+use tonic::Status;
 
 /// Starts the daemon's shutdown.
 #[derive(Clone)]
@@ -39,6 +41,15 @@ impl Shutdown {
     pub fn is_stopped(&self) -> bool {
         *self.0.borrow()
     }
+}
+
+/// What a stream or warm cut short by the shutdown ends with.
+pub fn shutting_down() -> Status {
+    Error::new(
+        Kind::ShuttingDown,
+        "larderd is shutting down; reconnect and resume from the next batch",
+    )
+    .into()
 }
 
 #[cfg(test)]

@@ -2,10 +2,12 @@
 //! contiguous buffer), and the metered, shutdown-aware forwarding to the client.
 
 use super::buffers::MessageBuffers;
+use super::layout::{slot_offsets, FieldLayout};
 use super::shm::{Ring, Slot};
+use super::shutdown::{shutting_down, Shutdown};
 use crate::catalog::Dataset;
 use crate::error::{quote, Error, Kind};
-use crate::fields::{FieldSpec, Schema};
+use crate::fields::{FieldSpec, FieldView, Schema};
 use crate::metrics::Metrics;
 use crate::pipeline::{Cut, Pipeline};
 use crate::proto::{Batch, FieldBatch, VariableLayout};
@@ -14,7 +16,8 @@ use crate::streams::StreamHandle;
 use crate::tiers::store::Store;
 use anyhow::{ensure, Context, Result};
 use bytes::Bytes;
-use futures::Stream;
+use futures::{Stream, StreamExt};
+use std::ops::Range;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
@@ -114,6 +117,87 @@ impl Selection {
     }
 }
 
+/// A stream's producer: assembles its batches up to `prefetch` ahead of the client, in order,
+/// and forwards them until the epoch's end, the client's going away, an error, or the daemon's
+/// shutdown.
+pub struct Producer {
+    pub store: Arc<Store>,
+    pub ds: Arc<Dataset>,
+    pub plan: Arc<Plan>,
+    pub sel: Arc<Selection>,
+    /// The stream's shared-memory ring, if it has one, and the slots its client still holds.
+    pub ring: Option<Arc<Ring>>,
+    pub held_slots: Vec<u32>,
+    pub buffers: Arc<MessageBuffers>,
+    pub prefetch: usize,
+    pub shutdown: Shutdown,
+}
+
+impl Producer {
+    pub async fn run(self, tx: mpsc::Sender<Result<Batch, Status>>) {
+        let Producer {
+            store,
+            ds,
+            plan,
+            sel,
+            ring,
+            held_slots,
+            buffers,
+            prefetch,
+            mut shutdown,
+        } = self;
+        // The ring is this stream's until it ends (a previous stream on it must stop first).
+        let _lease = match &ring {
+            Some(r) => Some(r.begin_stream(&held_slots, plan.start_batch).await),
+            None => None,
+        };
+        let started = Instant::now();
+        let mut batches = futures::stream::iter(plan.start_batch..plan.num_batches)
+            .map(|b| {
+                let (store, ds, plan, sel) = (store.clone(), ds.clone(), plan.clone(), sel.clone());
+                let (ring, buffers) = (ring.clone(), buffers.clone());
+                async move { assemble(&store, &ds, &plan, &sel, b, ring.as_ref(), &buffers).await }
+            })
+            .buffered(prefetch);
+        loop {
+            let result = tokio::select! {
+                next = batches.next() => match next {
+                    Some(result) => result,
+                    None => break,
+                },
+                _ = shutdown.stopped() => {
+                    let _ = tx.send(Err(shutting_down())).await;
+                    return;
+                }
+                // The client went away while a batch waited (for a slot, say).
+                _ = tx.closed() => {
+                    tracing::info!(dataset = %ds.name, "client went away; stream closed");
+                    return;
+                }
+            };
+            let (item, slot) = match result {
+                Ok((batch, slot)) => (Ok(batch), slot),
+                Err(e) => {
+                    tracing::error!(dataset = %ds.name, "stream failed: {e:#}");
+                    (Err(crate::error::status(&e)), None)
+                }
+            };
+            let failed = item.is_err();
+            if tx.send(item).await.is_err() {
+                tracing::info!(dataset = %ds.name, "client went away; stream closed");
+                return; // the slot, never delivered, is free again
+            }
+            if let Some(slot) = slot {
+                slot.hand_over();
+            }
+            if failed {
+                return;
+            }
+        }
+        tracing::info!(dataset = %ds.name, seconds = started.elapsed().as_secs_f64(), "stream finished");
+    }
+}
+
 /// Reads the samples of batch `b` through the store (leaving out samples skipped as bad), and
 /// packs each selected field into one contiguous buffer, each sample cut by the stream's
 /// pipeline: into a slot of the stream's shared-memory ring when it has a free one the batch
@@ -185,6 +269,116 @@ pub async fn assemble(
     Ok((batch, slot))
 }
 
+/// Where every field lies in a record of fixed fields (the same in every record), and each
+/// field's dims.
+type Fixed<'a> = (&'a [Range<usize>], Vec<Vec<u32>>);
+
+/// A batch's stored samples, seen field by field.
+struct Records<'a> {
+    ds: &'a Dataset,
+    ids: &'a [u64],
+    samples: &'a [Bytes],
+    /// Every field fixed: each lies at the same byte range in every record.
+    fixed: Option<Fixed<'a>>,
+    /// Else each sample's fields, decoded.
+    decoded: Vec<Vec<FieldView<'a>>>,
+}
+
+impl<'a> Records<'a> {
+    fn new(ds: &'a Dataset, ids: &'a [u64], samples: &'a [Bytes]) -> Result<Records<'a>> {
+        let mut records = Records {
+            ds,
+            ids,
+            samples,
+            fixed: None,
+            decoded: vec![],
+        };
+        if let Some(ranges) = ds.schema.fixed_ranges() {
+            let size = ds.schema.fixed_record_bytes().unwrap_or(0) as usize;
+            for (s, &i) in samples.iter().zip(ids) {
+                ensure!(
+                    s.len() == size,
+                    "sample {i} of {:?} has {} bytes, its fields take {size}",
+                    ds.name,
+                    s.len()
+                );
+            }
+            let dims = ds.schema.fields.iter();
+            let dims = dims.map(|f| f.shape.iter().map(|d| d.unwrap_or(0)).collect());
+            records.fixed = Some((ranges, dims.collect()));
+        } else {
+            records.decoded = samples
+                .iter()
+                .zip(ids)
+                .map(|(s, &i)| {
+                    let what = || format!("sample {i} of {:?} does not fit its fields", ds.name);
+                    ds.schema.decode(s).with_context(what)
+                })
+                .collect::<Result<Vec<_>>>()?;
+        }
+        Ok(records)
+    }
+
+    /// Stored field f's value of every sample, as (variable dims, bytes).
+    fn values(&self, f: usize) -> Vec<(&[u32], &[u8])> {
+        match &self.fixed {
+            Some((ranges, _)) => self
+                .samples
+                .iter()
+                .map(|s| (&[][..], &s[ranges[f].clone()]))
+                .collect(),
+            None => self
+                .decoded
+                .iter()
+                .map(|r| (&r[f].dims[..], r[f].data))
+                .collect(),
+        }
+    }
+
+    /// All dims of stored field f of sample k.
+    fn dims(&self, f: usize, k: usize) -> &[u32] {
+        match &self.fixed {
+            Some((_, dims)) => &dims[f],
+            None => &self.decoded[k][f].dims,
+        }
+    }
+
+    /// Each sample's cut by the stream's pipeline, drawn in the reference field's (H, W).
+    fn cuts<'s>(&self, sel: &'s Selection) -> Option<(&'s Pipeline, Vec<Cut>)> {
+        let p = sel.pipeline.as_ref()?;
+        let cuts = self.ids.iter().enumerate().map(|(k, &id)| {
+            let d = self.dims(p.reference, k);
+            let n = d.len();
+            p.cut(sel.seed, sel.epoch, id, (d[n - 2], d[n - 1]))
+        });
+        Some((p, cuts.collect()))
+    }
+
+    /// Writes field f's values `v` into `dst` (`layout.bytes` long): cut by the pipeline, or
+    /// as stored.
+    fn write(
+        &self,
+        f: usize,
+        v: &[(&[u32], &[u8])],
+        layout: &FieldLayout,
+        cuts: &Option<(&Pipeline, Vec<Cut>)>,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let Some((p, cuts)) = cuts.as_ref().filter(|(p, _)| p.spatial[f].is_some()) else {
+            layout.write(v, dst);
+            return Ok(());
+        };
+        let per = layout.bytes / v.len().max(1);
+        for (k, ((_, data), cut)) in v.iter().zip(cuts).enumerate() {
+            let spec = &self.ds.schema.fields[f];
+            let out = &mut dst[k * per..(k + 1) * per];
+            p.apply(f, spec, self.dims(f, k), data, cut, out)
+                .with_context(|| format!("cutting sample {} of {:?}", self.ids[k], self.ds.name))?;
+        }
+        Ok(())
+    }
+}
+
 /// The selected fields of samples `ids` (their records `samples`), each as one contiguous
 /// buffer: in `slot` if it is large enough (else the slot is let go and the bytes go in the
 /// messages, in buffers from `buffers`). `metrics`, for streams with a ring: counts where the
@@ -200,78 +394,13 @@ fn pack_batch(
     metrics: Option<&Metrics>,
     b: u64,
 ) -> Result<(Vec<FieldBatch>, Option<Slot>)> {
-    let fixed = ds.schema.fixed_ranges();
-    let records = match &fixed {
-        Some(_) => {
-            // Every field fixed: each lies at the same place in every record.
-            let size = ds.schema.fixed_record_bytes().unwrap_or(0) as usize;
-            for (s, &i) in samples.iter().zip(ids) {
-                ensure!(
-                    s.len() == size,
-                    "sample {i} of {:?} has {} bytes, its fields take {size}",
-                    ds.name,
-                    s.len()
-                );
-            }
-            vec![]
-        }
-        None => samples
-            .iter()
-            .zip(ids)
-            .map(|(s, &i)| {
-                ds.schema
-                    .decode(s)
-                    .with_context(|| format!("sample {i} of {:?} does not fit its fields", ds.name))
-            })
-            .collect::<Result<Vec<_>>>()?,
-    };
-    // Stored field f's value of every sample, as (variable dims, bytes).
-    let values = |f: usize| -> Vec<(&[u32], &[u8])> {
-        match &fixed {
-            Some(ranges) => samples
-                .iter()
-                .map(|s| (&[][..], &s[ranges[f].clone()]))
-                .collect(),
-            None => records
-                .iter()
-                .map(|r| (&r[f].dims[..], r[f].data))
-                .collect(),
-        }
-    };
-    // All dims of stored field f of sample k (of every sample, when fixed).
-    let fixed_dims: Vec<Vec<u32>> = match &fixed {
-        Some(_) => ds
-            .schema
-            .fields
-            .iter()
-            .map(|f| f.shape.iter().map(|d| d.unwrap_or(0)).collect())
-            .collect(),
-        None => vec![],
-    };
-    let dims = |f: usize, k: usize| -> &[u32] {
-        match &fixed {
-            Some(_) => &fixed_dims[f],
-            None => &records[k][f].dims,
-        }
-    };
-    // Each sample's cut, drawn in the reference field's (H, W).
-    let cuts: Option<(&Pipeline, Vec<Cut>)> = sel.pipeline.as_ref().map(|p| {
-        let cuts = ids
-            .iter()
-            .enumerate()
-            .map(|(k, &id)| {
-                let d = dims(p.reference, k);
-                let n = d.len();
-                p.cut(sel.seed, sel.epoch, id, (d[n - 2], d[n - 1]))
-            })
-            .collect();
-        (p, cuts)
-    });
+    let records = Records::new(ds, ids, samples)?;
+    let cuts = records.cuts(sel);
     let fields: Vec<_> = sel
         .fields
         .iter()
         .map(|&f| {
-            let v = values(f);
+            let v = records.values(f);
             let layout = FieldLayout::new(&ds.served.fields[f], &v, sel.layout);
             (f, v, layout)
         })
@@ -283,58 +412,34 @@ fn pack_batch(
     if let Some(m) = metrics {
         m.record_shm(slot.is_some());
     }
-    // Writes field f's values into dst: cut by the pipeline, or as stored.
-    let write =
-        |f: usize, v: &[(&[u32], &[u8])], layout: &FieldLayout, dst: &mut [u8]| -> Result<()> {
-            match &cuts {
-                Some((p, cuts)) if p.spatial[f].is_some() => {
-                    let per = layout.bytes / v.len().max(1);
-                    for (k, ((_, data), cut)) in v.iter().zip(cuts).enumerate() {
-                        p.apply(
-                            f,
-                            &ds.schema.fields[f],
-                            dims(f, k),
-                            data,
-                            cut,
-                            &mut dst[k * per..(k + 1) * per],
-                        )
-                        .with_context(|| format!("cutting sample {} of {:?}", ids[k], ds.name))?;
-                    }
-                    Ok(())
-                }
-                _ => {
-                    layout.write(v, dst);
-                    Ok(())
-                }
-            }
-        };
+    let message_bytes: usize = fields.iter().map(|(_, _, l)| l.bytes).sum();
+    if slot.is_none() && message_bytes as u64 > MAX_BATCH_BYTES {
+        // The client's choice: a batch this large cannot go in one message.
+        return Err(Error::new(
+            Kind::BadRequest,
+            format!(
+                "batch {b} of {:?} takes {message_bytes} bytes, over the {MAX_BATCH_BYTES} one message may carry: ask for a smaller batch_size",
+                ds.name
+            ),
+        )
+        .into());
+    }
     let mut out = Vec::with_capacity(fields.len());
-    let mut bytes = 0u64;
     for ((f, v, layout), &off) in fields.into_iter().zip(&offsets) {
         let mut batch = layout.batch.clone();
         match slot.as_mut() {
             Some(slot) => {
-                write(
-                    f,
-                    &v,
-                    &layout,
-                    &mut slot.bytes_mut()[off..off + layout.bytes],
-                )?;
+                let dst = &mut slot.bytes_mut()[off..off + layout.bytes];
+                records.write(f, &v, &layout, &cuts, dst)?;
                 batch.slot_offset = off as u64;
                 batch.slot_bytes = layout.bytes as u64;
             }
             None => {
-                bytes += layout.bytes as u64;
-                ensure!(
-                    bytes <= MAX_BATCH_BYTES,
-                    "batch {b} of {:?} takes over {MAX_BATCH_BYTES} bytes, more than one message may carry: ask for a smaller batch_size",
-                    ds.name
-                );
                 let mut data = buffers.take(layout.bytes);
                 match &cuts {
                     Some((p, _)) if p.spatial[f].is_some() => {
                         data.resize(layout.bytes, 0);
-                        write(f, &v, &layout, &mut data)?;
+                        records.write(f, &v, &layout, &cuts, &mut data)?;
                     }
                     _ => layout.append_to(&v, &mut data),
                 }
@@ -344,196 +449,6 @@ fn pack_batch(
         out.push(batch);
     }
     Ok((out, slot))
-}
-
-/// Where each field of a batch goes in a shared-memory slot, given the fields' sizes: one after
-/// the other, each 64-byte aligned. Returns the offsets and the bytes the slot needs.
-pub fn slot_offsets(sizes: impl IntoIterator<Item = usize>) -> (Vec<usize>, usize) {
-    let mut at = 0usize;
-    let offsets = sizes
-        .into_iter()
-        .map(|bytes| {
-            let o = at;
-            at = (at + bytes).div_ceil(64) * 64;
-            o
-        })
-        .collect();
-    (offsets, at)
-}
-
-/// One field of a batch laid out: its message (name, dtype, shapes, lengths, offsets; no
-/// bytes yet), how many bytes it takes and, padded, the batch's largest dims.
-struct FieldLayout {
-    batch: FieldBatch,
-    bytes: usize,
-    item: usize,
-    /// Padded variable fields: the dims every value is padded to.
-    padded_to: Option<Vec<u32>>,
-}
-
-impl FieldLayout {
-    fn new(spec: &FieldSpec, values: &[(&[u32], &[u8])], layout: VariableLayout) -> FieldLayout {
-        let n = values.len();
-        let mut batch = FieldBatch {
-            name: spec.name.clone(),
-            dtype: spec.dtype.name().to_string(),
-            sample_shape: spec.shape_i64(),
-            ..Default::default()
-        };
-        let item = spec.dtype.size();
-        if spec.is_fixed() {
-            batch.shape = std::iter::once(n as u64)
-                .chain(spec.shape.iter().map(|d| d.unwrap_or(0) as u64))
-                .collect();
-            let bytes = n * spec.fixed_bytes().unwrap_or(0) as usize;
-            return FieldLayout {
-                batch,
-                bytes,
-                item,
-                padded_to: None,
-            };
-        }
-        for (dims, _) in values {
-            for (d, s) in dims.iter().zip(&spec.shape) {
-                if s.is_none() {
-                    batch.lengths.push(*d);
-                }
-            }
-        }
-        if layout == VariableLayout::Offsets {
-            let mut offsets = Vec::with_capacity(n + 1);
-            let mut total = 0u64;
-            offsets.push(0);
-            for (_, v) in values {
-                total += (v.len() / item) as u64;
-                offsets.push(total);
-            }
-            batch.shape = vec![total];
-            batch.offsets = offsets;
-            return FieldLayout {
-                batch,
-                bytes: total as usize * item,
-                item,
-                padded_to: None,
-            };
-        }
-        // Padded: every value at the start of the batch maximum along each dim, zeros after.
-        let mut max: Vec<u32> = spec.shape.iter().map(|d| d.unwrap_or(0)).collect();
-        for (dims, _) in values {
-            for (m, d) in max.iter_mut().zip(*dims) {
-                *m = (*m).max(*d);
-            }
-        }
-        let per: usize = max.iter().fold(item, |a, &d| a * d as usize);
-        batch.shape = std::iter::once(n as u64)
-            .chain(max.iter().map(|&d| d as u64))
-            .collect();
-        FieldLayout {
-            batch,
-            bytes: n * per,
-            item,
-            padded_to: Some(max),
-        }
-    }
-
-    /// Writes the values into `dst` (exactly `self.bytes` long, any previous content: a slot).
-    fn write(&self, values: &[(&[u32], &[u8])], dst: &mut [u8]) {
-        match &self.padded_to {
-            None => {
-                let mut at = 0;
-                for (_, v) in values {
-                    dst[at..at + v.len()].copy_from_slice(v);
-                    at += v.len();
-                }
-            }
-            Some(max) => {
-                dst.fill(0);
-                self.pad_into(values, max, dst);
-            }
-        }
-    }
-
-    /// Appends the values to `dst` (for a message; written once: no zeroing but the
-    /// padding's).
-    fn append_to(&self, values: &[(&[u32], &[u8])], dst: &mut Vec<u8>) {
-        match &self.padded_to {
-            None => {
-                for (_, v) in values {
-                    dst.extend_from_slice(v);
-                }
-            }
-            Some(max) => {
-                let at = dst.len();
-                dst.resize(at + self.bytes, 0);
-                self.pad_into(values, max, &mut dst[at..]);
-            }
-        }
-    }
-
-    /// Copies each value to the start of its zeroed `max`-sized place in `dst`.
-    fn pad_into(&self, values: &[(&[u32], &[u8])], max: &[u32], dst: &mut [u8]) {
-        let per = if values.is_empty() {
-            0
-        } else {
-            self.bytes / values.len()
-        };
-        for (k, (dims, v)) in values.iter().enumerate() {
-            copy_padded(v, dims, &mut dst[k * per..(k + 1) * per], max, self.item);
-        }
-    }
-}
-
-/// One field of `n` samples, each given as (dims, bytes), as a batch with its bytes.
-#[cfg(test)]
-fn pack<'a>(
-    spec: &FieldSpec,
-    values: impl Iterator<Item = (&'a [u32], &'a [u8])>,
-    layout: VariableLayout,
-) -> FieldBatch {
-    let values: Vec<_> = values.collect();
-    let l = FieldLayout::new(spec, &values, layout);
-    let mut data = Vec::new();
-    l.append_to(&values, &mut data);
-    FieldBatch {
-        data: data.into(),
-        ..l.batch
-    }
-}
-
-/// Copies a row-major array of `dims` into the top corner of a zeroed one of `max` dims.
-fn copy_padded(src: &[u8], dims: &[u32], dst: &mut [u8], max: &[u32], item: usize) {
-    let Some((&last, outer)) = dims.split_last() else {
-        dst[..src.len()].copy_from_slice(src);
-        return;
-    };
-    let row = last as usize * item;
-    if row == 0 || outer.contains(&0) {
-        return;
-    }
-    // Strides of the destination, in bytes.
-    let mut strides = vec![0usize; max.len()];
-    let mut s = item;
-    for (st, &m) in strides.iter_mut().zip(max).rev() {
-        *st = s;
-        s *= m as usize;
-    }
-    let mut at = vec![0u32; outer.len()];
-    for chunk in src.chunks_exact(row) {
-        let off: usize = at
-            .iter()
-            .zip(&strides)
-            .map(|(&i, &st)| i as usize * st)
-            .sum();
-        dst[off..off + row].copy_from_slice(chunk);
-        // Next index of the outer dims, last fastest.
-        for (i, &d) in at.iter_mut().zip(outer).rev() {
-            *i += 1;
-            if *i < d {
-                break;
-            }
-            *i = 0;
-        }
-    }
 }
 
 /// The outgoing stream: hands the producer's batches on, counting in the stream's registration
@@ -662,54 +577,6 @@ mod tests {
             items.iter().all(|i| i.is_ok()),
             "a complete stream ends cleanly"
         );
-    }
-
-    #[test]
-    fn variable_fields_are_padded_with_lengths_or_come_with_offsets() {
-        // Boxes [K, 4] of int16: K = 1, 0, 2.
-        let spec = FieldSpec::new("boxes", DType::Int16, vec![None, Some(4)]);
-        let vals: Vec<(Vec<u32>, Vec<u8>)> = [1u32, 0, 2]
-            .iter()
-            .map(|&k| (vec![k, 4], (0..k * 8).map(|b| b as u8 + 1).collect()))
-            .collect();
-        let it = vals.iter().map(|(d, v)| (&d[..], &v[..]));
-        let padded = pack(&spec, it.clone(), VariableLayout::Padded);
-        assert_eq!(padded.shape, vec![3, 2, 4]);
-        assert_eq!(padded.lengths, vec![1, 0, 2]);
-        assert_eq!(padded.data.len(), 3 * 2 * 4 * 2);
-        assert_eq!(&padded.data[..8], &vals[0].1[..]);
-        assert!(padded.data[8..32].iter().all(|&b| b == 0), "padding");
-        assert_eq!(&padded.data[32..], &vals[2].1[..]);
-        let offsets = pack(&spec, it, VariableLayout::Offsets);
-        assert_eq!(offsets.offsets, vec![0, 4, 4, 12]);
-        assert_eq!(offsets.shape, vec![12]);
-        assert_eq!(offsets.lengths, vec![1, 0, 2]);
-        assert_eq!(offsets.data.len(), 24);
-    }
-
-    #[test]
-    fn images_of_different_sizes_pad_in_both_dims() {
-        let spec = FieldSpec::new("image", DType::Uint8, vec![Some(1), None, None]);
-        let a = (vec![1, 2, 3], vec![1, 2, 3, 4, 5, 6]);
-        let b = (vec![1, 3, 1], vec![7, 8, 9]);
-        let vals = [a, b];
-        let p = pack(
-            &spec,
-            vals.iter().map(|(d, v)| (&d[..], &v[..])),
-            VariableLayout::Padded,
-        );
-        assert_eq!(p.shape, vec![2, 1, 3, 3]);
-        assert_eq!(p.lengths, vec![2, 3, 3, 1]);
-        assert_eq!(
-            &p.data[..],
-            &[1, 2, 3, 4, 5, 6, 0, 0, 0, 7, 0, 0, 8, 0, 0, 9, 0, 0]
-        );
-        // Into a slot that held an earlier batch: the same bytes, padding zeroed.
-        let values: Vec<_> = vals.iter().map(|(d, v)| (&d[..], &v[..])).collect();
-        let layout = FieldLayout::new(&spec, &values, VariableLayout::Padded);
-        let mut slot = vec![0xAA; layout.bytes];
-        layout.write(&values, &mut slot);
-        assert_eq!(&slot[..], &p.data[..]);
     }
 
     #[test]
