@@ -1,9 +1,9 @@
 //! The datasets the daemon serves, opened from the config.
 
-use crate::config::{DatasetConfig, ImageMode, OnError, ScratchConfig, SourceKind, TrainCrop};
-use crate::fields::{Pairing, Resample, Schema};
-use crate::pipeline::{Crop, FieldOp, Pipeline, Preprocess, Resize, Spatial};
-use crate::source::{Hdf5Source, ImageFolderSource, RawSample, RawSource};
+use crate::config::{DatasetConfig, OnError, ScratchConfig, TrainCrop};
+use crate::fields::Schema;
+use crate::pipeline::{Crop, Pipeline, Preprocess, Spatial};
+use crate::source::{RawSample, RawSource};
 use crate::tiers::scratch::{fnv1a, ScratchSpace, ScratchTier};
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::BTreeMap;
@@ -266,7 +266,8 @@ impl Catalog {
 }
 
 fn open_dataset(id: u32, c: &DatasetConfig) -> Result<Dataset> {
-    let mut dataset = open_source(id, c)?;
+    let opened = crate::source::open(c)?;
+    let mut dataset = Dataset::new(id, &c.name, opened.source, opened.preprocess, opened.schema);
     dataset.on_error = c.on_error;
     let (eval, train) = pipelines(c, &dataset.schema)?;
     dataset.with_pipelines(eval, train)
@@ -325,87 +326,4 @@ fn pipelines(c: &DatasetConfig, stored: &Schema) -> Result<(Option<Pipeline>, Op
         reference,
     });
     Ok((eval, train))
-}
-
-fn open_source(id: u32, c: &DatasetConfig) -> Result<Dataset> {
-    let fields = c.field_configs();
-    let resize = Resize {
-        shorter: c.resize,
-        max_size: c.max_size,
-        square: c.square,
-    };
-    Ok(match c.kind {
-        SourceKind::Hdf5 => {
-            let source = Hdf5Source::open(&c.path, &fields)?;
-            let label = source.fields().iter().find(|f| f.name == "label");
-            if let (Some(labels), Some(label)) = (&c.labels, label) {
-                ensure!(
-                    label.shape.is_empty(),
-                    "label dataset {labels:?} has shape {:?} per sample; `labels` takes one class \
-                     id per sample: declare it as a [[dataset.field]] (a mask, say) instead",
-                    label
-                        .shape
-                        .iter()
-                        .map(|d| d.unwrap_or(0))
-                        .collect::<Vec<_>>()
-                );
-            }
-            let schema = Schema::new(source.fields().to_vec())?;
-            Dataset::new(id, &c.name, Box::new(source), Preprocess::Identity, schema)
-        }
-        SourceKind::Images => {
-            let source = ImageFolderSource::open(&c.path, &fields)?;
-            tracing::info!(dataset = %c.name, classes = source.classes.len(), images = source.len(), "image folder opened");
-            let reference = fields
-                .iter()
-                .find(|f| f.from.is_none())
-                .map(|f| f.name.clone());
-            let mut ops = vec![];
-            let mut specs = vec![];
-            for f in &fields {
-                if f.from.is_some() {
-                    ops.push(FieldOp::Keep);
-                    specs.push(FieldOp::Keep.field(&f.name, &resize));
-                    continue;
-                }
-                let mode = f.mode.unwrap_or(ImageMode::Rgb);
-                let resample = f.resample.unwrap_or(match mode {
-                    ImageMode::Index => Resample::Nearest,
-                    _ => Resample::Linear,
-                });
-                let is_reference = reference.as_deref() == Some(f.name.as_str());
-                let scale = match &f.pair {
-                    Some(p) if is_reference => bail!("field {:?} is the reference image; pair the others with it", f.name),
-                    Some(p) if Some(&p.with) != reference.as_ref() => bail!(
-                        "field {:?} pairs with {:?}; in an image folder every image field pairs with the first one, {:?}",
-                        f.name, p.with, reference.as_deref().unwrap_or("")
-                    ),
-                    Some(p) => p.scale,
-                    None => 1,
-                };
-                let op = FieldOp::Decode {
-                    mode,
-                    scale,
-                    resample,
-                };
-                let mut spec = op.field(&f.name, &resize);
-                if !is_reference {
-                    spec.pair = Some(Pairing {
-                        with: reference.clone().unwrap_or_default(),
-                        scale,
-                    });
-                }
-                ops.push(op);
-                specs.push(spec);
-            }
-            let preprocess = Preprocess::Images { ops, resize };
-            Dataset::new(
-                id,
-                &c.name,
-                Box::new(source),
-                preprocess,
-                Schema::new(specs)?,
-            )
-        }
-    })
 }

@@ -1,9 +1,10 @@
 //! HDF5 files: each field is an HDF5 dataset [N, ...] of any numeric type, or a variable-length
 //! one-dimensional dataset [N] (clips of different lengths), read as stored.
 
-use super::{file_version, RawSample, RawSource};
-use crate::config::FieldConfig;
-use crate::fields::{DType, FieldSpec, Pairing, Value};
+use super::{file_version, Opened, RawSample, RawSource};
+use crate::config::{DatasetConfig, FieldConfig};
+use crate::fields::{DType, FieldSpec, Pairing, Schema, Value};
+use crate::pipeline::Preprocess;
 use anyhow::{bail, ensure, Context, Result};
 use hdf5::types::{FloatSize, IntSize, TypeDescriptor, VarLenArray};
 use hdf5::{Hyperslab, SliceOrIndex};
@@ -372,6 +373,31 @@ impl Field {
             DType::Float64 => clips!(f64),
         })
     }
+}
+
+/// An HDF5 dataset as its `[[dataset]]` table describes it: arrays served as stored.
+pub fn open_dataset(c: &DatasetConfig) -> Result<Opened> {
+    let fields = c.field_configs();
+    let source = Hdf5Source::open(&c.path, &fields)?;
+    let label = source.fields().iter().find(|f| f.name == "label");
+    if let (Some(labels), Some(label)) = (&c.labels, label) {
+        ensure!(
+            label.shape.is_empty(),
+            "label dataset {labels:?} has shape {:?} per sample; `labels` takes one class \
+             id per sample: declare it as a [[dataset.field]] (a mask, say) instead",
+            label
+                .shape
+                .iter()
+                .map(|d| d.unwrap_or(0))
+                .collect::<Vec<_>>()
+        );
+    }
+    let schema = Schema::new(source.fields().to_vec())?;
+    Ok(Opened {
+        source: Box::new(source),
+        preprocess: Preprocess::Identity,
+        schema,
+    })
 }
 
 /// Writes a uint8 HDF5 dataset `samples` shaped [N, shape...] and, if given, int64 `labels`.

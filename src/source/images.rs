@@ -2,9 +2,10 @@
 //! each further image field the file of the same relative name (any image extension) in that
 //! field's folder: `images/` and `masks/`, or `lr/` and `hr/`.
 
-use super::{file_version, RawSample, RawSource};
-use crate::config::{FieldConfig, FieldFrom};
-use crate::fields::Value;
+use super::{file_version, Opened, RawSample, RawSource};
+use crate::config::{DatasetConfig, FieldConfig, FieldFrom, ImageMode};
+use crate::fields::{Pairing, Resample, Schema, Value};
+use crate::pipeline::{FieldOp, Preprocess, Resize};
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -241,6 +242,66 @@ impl RawSource for ImageFolderSource {
     fn version(&self) -> String {
         self.version.clone()
     }
+}
+
+/// An image folder as its `[[dataset]]` table describes it: each image field decoded by its
+/// mode and kept resized, paired fields at their scale.
+pub fn open_dataset(c: &DatasetConfig) -> Result<Opened> {
+    let fields = c.field_configs();
+    let resize = Resize {
+        shorter: c.resize,
+        max_size: c.max_size,
+        square: c.square,
+    };
+    let source = ImageFolderSource::open(&c.path, &fields)?;
+    tracing::info!(dataset = %c.name, classes = source.classes.len(), images = source.len(), "image folder opened");
+    let reference = fields
+        .iter()
+        .find(|f| f.from.is_none())
+        .map(|f| f.name.clone());
+    let mut ops = vec![];
+    let mut specs = vec![];
+    for f in &fields {
+        if f.from.is_some() {
+            ops.push(FieldOp::Keep);
+            specs.push(FieldOp::Keep.field(&f.name, &resize));
+            continue;
+        }
+        let mode = f.mode.unwrap_or(ImageMode::Rgb);
+        let resample = f.resample.unwrap_or(match mode {
+            ImageMode::Index => Resample::Nearest,
+            _ => Resample::Linear,
+        });
+        let is_reference = reference.as_deref() == Some(f.name.as_str());
+        let scale = match &f.pair {
+            Some(p) if is_reference => bail!("field {:?} is the reference image; pair the others with it", f.name),
+            Some(p) if Some(&p.with) != reference.as_ref() => bail!(
+                "field {:?} pairs with {:?}; in an image folder every image field pairs with the first one, {:?}",
+                f.name, p.with, reference.as_deref().unwrap_or("")
+            ),
+            Some(p) => p.scale,
+            None => 1,
+        };
+        let op = FieldOp::Decode {
+            mode,
+            scale,
+            resample,
+        };
+        let mut spec = op.field(&f.name, &resize);
+        if !is_reference {
+            spec.pair = Some(Pairing {
+                with: reference.clone().unwrap_or_default(),
+                scale,
+            });
+        }
+        ops.push(op);
+        specs.push(spec);
+    }
+    Ok(Opened {
+        source: Box::new(source),
+        preprocess: Preprocess::Images { ops, resize },
+        schema: Schema::new(specs)?,
+    })
 }
 
 #[cfg(test)]

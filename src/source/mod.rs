@@ -7,9 +7,28 @@ mod images;
 pub use self::hdf5::{write_hdf5, Hdf5Source, MAX_GRANULE};
 pub use self::images::ImageFolderSource;
 
-use crate::fields::Value;
+use crate::config::{DatasetConfig, SourceKind};
+use crate::fields::{Schema, Value};
+use crate::pipeline::Preprocess;
 use anyhow::Result;
 use std::path::Path;
+
+/// A dataset's source opened from its config table, with what its samples are (the schema)
+/// and how they are made ready before the tiers keep them.
+pub struct Opened {
+    pub source: Box<dyn RawSource>,
+    pub preprocess: Preprocess,
+    pub schema: Schema,
+}
+
+/// Opens the dataset `c` describes, by its format: each format opens itself (a new one is its
+/// own file and a line here).
+pub fn open(c: &DatasetConfig) -> Result<Opened> {
+    match c.kind {
+        SourceKind::Hdf5 => hdf5::open_dataset(c),
+        SourceKind::Images => images::open_dataset(c),
+    }
+}
 
 /// One value per raw field.
 pub type RawSample = Vec<Value>;
