@@ -122,29 +122,10 @@ pub struct DemoOptions {
     pub cache_fraction: f64,
 }
 
-pub async fn run(opts: DemoOptions) -> Result<()> {
-    let dir = tempfile::tempdir().context("creating a temporary directory")?;
-    let shape = [3usize, 32, 32];
-    let sample_bytes: usize = shape.iter().product();
-    let path = dir.path().join("demo.h5");
-    make_dataset(&path, opts.samples, &shape)?;
-    let budget = (opts.samples as f64
-        * (sample_bytes as u64 + ENTRY_OVERHEAD) as f64
-        * opts.cache_fraction) as u64;
-    println!(
-        "demo: {} samples of {:?} uint8 in {} ({} bytes), memory budget {} bytes ({:.0}% of the dataset)",
-        opts.samples,
-        shape,
-        path.display(),
-        opts.samples as usize * sample_bytes,
-        budget,
-        opts.cache_fraction * 100.0
-    );
-    let sr = dir.path().join("sr.h5");
-    make_super_resolution(&sr, 256)?;
-    let seg = dir.path().join("seg");
-    make_segmentation(&seg, 64)?;
-    let config = Config::parse(&format!(
+/// The demo's config: the classification set, a super-resolution pair and a segmentation
+/// folder, on a TCP port the system picks.
+fn demo_config(dir: &Path, path: &Path, sr: &Path, seg: &Path, budget: u64) -> Result<Config> {
+    Config::parse(&format!(
         r#"
         listen = "127.0.0.1:0"
         [scratch]
@@ -182,9 +163,34 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
         folder = "masks"
         mode = "index"
         "#,
-        scratch = dir.path().join("scratch"),
+        scratch = dir.join("scratch"),
         path = path,
-    ))?;
+    ))
+}
+
+pub async fn run(opts: DemoOptions) -> Result<()> {
+    let dir = tempfile::tempdir().context("creating a temporary directory")?;
+    let shape = [3usize, 32, 32];
+    let sample_bytes: usize = shape.iter().product();
+    let path = dir.path().join("demo.h5");
+    make_dataset(&path, opts.samples, &shape)?;
+    let budget = (opts.samples as f64
+        * (sample_bytes as u64 + ENTRY_OVERHEAD) as f64
+        * opts.cache_fraction) as u64;
+    println!(
+        "demo: {} samples of {:?} uint8 in {} ({} bytes), memory budget {} bytes ({:.0}% of the dataset)",
+        opts.samples,
+        shape,
+        path.display(),
+        opts.samples as usize * sample_bytes,
+        budget,
+        opts.cache_fraction * 100.0
+    );
+    let sr = dir.path().join("sr.h5");
+    make_super_resolution(&sr, 256)?;
+    let seg = dir.path().join("seg");
+    make_segmentation(&seg, 64)?;
+    let config = demo_config(dir.path(), &path, &sr, &seg, budget)?;
     let daemon = Daemon::start(config).await?;
     let addr = daemon.client_addr();
     println!(
@@ -213,29 +219,38 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
     );
     run_epochs(&addr, "demo", opts.clients, opts.epochs, opts.batch_size).await?;
     for d in list.datasets.iter().filter(|d| d.name != "demo") {
-        let req = StreamBatchesRequest {
-            dataset: d.name.clone(),
-            batch_size: 16,
-            layout_version: 1,
-            ..Default::default()
-        };
-        let batches = collect_batches(&mut client, req).await?;
-        let mut seen: Vec<u64> = batches.iter().flat_map(|b| b.sample_ids.clone()).collect();
-        seen.sort_unstable();
-        ensure!(
-            seen.iter().copied().eq(0..d.num_samples),
-            "{}: not every sample exactly once",
-            d.name
-        );
-        println!(
-            "\ndemo: {}, one epoch, every sample exactly once: ok; a batch holds",
-            d.name
-        );
-        for f in &batches[0].fields {
-            println!("  {:<6} {:<8} {:?}", f.name, f.dtype, f.shape);
-        }
+        show_one_epoch(&mut client, d).await?;
     }
     daemon.shutdown().await
+}
+
+/// Streams one epoch of dataset `d`, checks every sample came once, and shows a batch's fields.
+async fn show_one_epoch(
+    client: &mut crate::proto::larder_client::LarderClient<tonic::transport::Channel>,
+    d: &crate::proto::DatasetInfo,
+) -> Result<()> {
+    let req = StreamBatchesRequest {
+        dataset: d.name.clone(),
+        batch_size: 16,
+        layout_version: 1,
+        ..Default::default()
+    };
+    let batches = collect_batches(client, req).await?;
+    let mut seen: Vec<u64> = batches.iter().flat_map(|b| b.sample_ids.clone()).collect();
+    seen.sort_unstable();
+    ensure!(
+        seen.iter().copied().eq(0..d.num_samples),
+        "{}: not every sample exactly once",
+        d.name
+    );
+    println!(
+        "\ndemo: {}, one epoch, every sample exactly once: ok; a batch holds",
+        d.name
+    );
+    for f in &batches[0].fields {
+        println!("  {:<6} {:<8} {:?}", f.name, f.dtype, f.shape);
+    }
+    Ok(())
 }
 
 /// Runs `epochs` epochs of `dataset` with `clients` concurrent training clients (each its own

@@ -88,58 +88,7 @@ impl Hdf5Source {
         let mut len: Option<(u64, &str)> = None;
         let mut any_varlen = false;
         for fc in fields {
-            let name = fc.hdf5.as_deref().unwrap_or(&fc.name);
-            let what = || {
-                format!(
-                    "field {:?} (HDF5 dataset {name:?} in {})",
-                    fc.name,
-                    path.display()
-                )
-            };
-            ensure!(
-                fc.folder.is_none() && fc.mode.is_none() && fc.from.is_none(),
-                "{}: folder, mode and from are for image folders",
-                what()
-            );
-            let dataset = file.dataset(name).with_context(|| {
-                format!(
-                    "{}: no such dataset; the file has: {}",
-                    what(),
-                    file.member_names().unwrap_or_default().join(", ")
-                )
-            })?;
-            let stored = dataset
-                .dtype()
-                .and_then(|t| t.to_descriptor())
-                .with_context(|| format!("{}: reading its type", what()))?;
-            let shape = dataset.shape();
-            ensure!(!shape.is_empty(), "{}: a scalar, expected [N, ...]", what());
-            let n = shape[0] as u64;
-            let (base, varlen) = match &stored {
-                TypeDescriptor::VarLenArray(inner) => (inner.as_ref(), true),
-                t => (t, false),
-            };
-            let Some(stored_dtype) = numeric(base) else {
-                bail!(
-                    "{}: holds HDF5 type {stored:?}; larder serves numeric arrays (integers, \
-                     floats, booleans) and variable-length arrays of them, not strings, \
-                     compound or reference types",
-                    what()
-                );
-            };
-            if varlen {
-                ensure!(
-                    shape.len() == 1,
-                    "{}: a variable-length dataset must be one-dimensional [N], not {shape:?}",
-                    what()
-                );
-            }
-            let dtype = fc.dtype.unwrap_or(stored_dtype);
-            let boolean = matches!(base, TypeDescriptor::Boolean) && fc.dtype.is_none();
-            let dims = shape[1..]
-                .iter()
-                .map(|&d| u32::try_from(d).context("dimension too large"))
-                .collect::<Result<Vec<_>>>()?;
+            let (field, spec, n) = open_field(&file, path, fc)?;
             match len {
                 None => len = Some((n, &fc.name)),
                 Some((m, first)) => ensure!(
@@ -150,37 +99,7 @@ impl Hdf5Source {
                     path.display()
                 ),
             }
-            let mut spec = if varlen {
-                FieldSpec::new(&fc.name, dtype, vec![None])
-            } else {
-                FieldSpec::fixed(&fc.name, dtype, &dims)
-            };
-            if let Some(p) = &fc.pair {
-                spec.pair = Some(Pairing {
-                    with: p.with.clone(),
-                    scale: p.scale,
-                });
-            }
-            if let Some(r) = fc.resample {
-                spec.resample = r;
-            }
-            any_varlen |= varlen;
-            let mut field = Field {
-                hdf5: name.to_string(),
-                dataset,
-                dtype,
-                boolean,
-                varlen,
-                dims,
-                column: None,
-            };
-            let value_bytes = spec.fixed_bytes().unwrap_or(u64::MAX);
-            if value_bytes <= COLUMN_VALUE_BYTES && value_bytes * n <= COLUMN_TOTAL_BYTES {
-                let all = field
-                    .read_block(0, n as usize)
-                    .with_context(|| format!("{}: reading its values", what()))?;
-                field.column = Some(all);
-            }
+            any_varlen |= field.varlen;
             specs.push(spec);
             opened.push(field);
         }
@@ -191,24 +110,7 @@ impl Hdf5Source {
         } else {
             opened.iter().map(|f| f.dataset.storage_size()).sum()
         };
-        // Reading one sample of a chunked dataset reads (and decompresses) its whole chunk: the
-        // granule is the smallest any field asks for.
-        let granule = opened
-            .iter()
-            .map(|f| match f.dataset.chunk() {
-                Some(chunk) => chunk[0] as u64,
-                None if f.varlen => MAX_GRANULE,
-                None => {
-                    let bytes = f
-                        .dims
-                        .iter()
-                        .fold(f.dtype.size() as u64, |a, &d| a * d as u64);
-                    CONTIGUOUS_GRANULE_BYTES / bytes.max(1)
-                }
-            })
-            .min()
-            .unwrap_or(1)
-            .clamp(1, MAX_GRANULE);
+        let granule = granule(&opened);
         Ok(Hdf5Source {
             path: path.to_path_buf(),
             fields: opened,
@@ -373,6 +275,114 @@ impl Field {
             DType::Float64 => clips!(f64),
         })
     }
+}
+
+/// Opens the HDF5 dataset of field `fc` in `file`: its reader, its spec and its length.
+fn open_field(file: &hdf5::File, path: &Path, fc: &FieldConfig) -> Result<(Field, FieldSpec, u64)> {
+    let name = fc.hdf5.as_deref().unwrap_or(&fc.name);
+    let what = || {
+        format!(
+            "field {:?} (HDF5 dataset {name:?} in {})",
+            fc.name,
+            path.display()
+        )
+    };
+    ensure!(
+        fc.folder.is_none() && fc.mode.is_none() && fc.from.is_none(),
+        "{}: folder, mode and from are for image folders",
+        what()
+    );
+    let dataset = file.dataset(name).with_context(|| {
+        format!(
+            "{}: no such dataset; the file has: {}",
+            what(),
+            file.member_names().unwrap_or_default().join(", ")
+        )
+    })?;
+    let stored = dataset
+        .dtype()
+        .and_then(|t| t.to_descriptor())
+        .with_context(|| format!("{}: reading its type", what()))?;
+    let shape = dataset.shape();
+    ensure!(!shape.is_empty(), "{}: a scalar, expected [N, ...]", what());
+    let n = shape[0] as u64;
+    let (base, varlen) = match &stored {
+        TypeDescriptor::VarLenArray(inner) => (inner.as_ref(), true),
+        t => (t, false),
+    };
+    let Some(stored_dtype) = numeric(base) else {
+        bail!(
+            "{}: holds HDF5 type {stored:?}; larder serves numeric arrays (integers, \
+             floats, booleans) and variable-length arrays of them, not strings, \
+             compound or reference types",
+            what()
+        );
+    };
+    if varlen {
+        ensure!(
+            shape.len() == 1,
+            "{}: a variable-length dataset must be one-dimensional [N], not {shape:?}",
+            what()
+        );
+    }
+    let dtype = fc.dtype.unwrap_or(stored_dtype);
+    let boolean = matches!(base, TypeDescriptor::Boolean) && fc.dtype.is_none();
+    let dims = shape[1..]
+        .iter()
+        .map(|&d| u32::try_from(d).context("dimension too large"))
+        .collect::<Result<Vec<_>>>()?;
+    let mut spec = if varlen {
+        FieldSpec::new(&fc.name, dtype, vec![None])
+    } else {
+        FieldSpec::fixed(&fc.name, dtype, &dims)
+    };
+    if let Some(p) = &fc.pair {
+        spec.pair = Some(Pairing {
+            with: p.with.clone(),
+            scale: p.scale,
+        });
+    }
+    if let Some(r) = fc.resample {
+        spec.resample = r;
+    }
+    let mut field = Field {
+        hdf5: name.to_string(),
+        dataset,
+        dtype,
+        boolean,
+        varlen,
+        dims,
+        column: None,
+    };
+    let value_bytes = spec.fixed_bytes().unwrap_or(u64::MAX);
+    if value_bytes <= COLUMN_VALUE_BYTES && value_bytes * n <= COLUMN_TOTAL_BYTES {
+        let all = field
+            .read_block(0, n as usize)
+            .with_context(|| format!("{}: reading its values", what()))?;
+        field.column = Some(all);
+    }
+    Ok((field, spec, n))
+}
+
+/// Samples read about as cheaply together as one alone: reading one sample of a chunked
+/// dataset reads (and decompresses) its whole chunk, so the smallest any field asks for.
+fn granule(fields: &[Field]) -> u64 {
+    fields
+        .iter()
+        .map(|f| match f.dataset.chunk() {
+            Some(chunk) => chunk[0] as u64,
+            None if f.varlen => MAX_GRANULE,
+            None => {
+                let bytes = f
+                    .dims
+                    .iter()
+                    .fold(f.dtype.size() as u64, |a, &d| a * d as u64);
+                CONTIGUOUS_GRANULE_BYTES / bytes.max(1)
+            }
+        })
+        .min()
+        .unwrap_or(1)
+        .clamp(1, MAX_GRANULE)
 }
 
 /// An HDF5 dataset as its `[[dataset]]` table describes it: arrays served as stored.

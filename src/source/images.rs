@@ -125,40 +125,7 @@ impl ImageFolderSource {
                 columns.push(Column::Files(rels.iter().map(|r| dir.join(r)).collect()));
                 continue;
             }
-            // Index the paired folder once: relative path without extension -> file.
-            let mut by_stem: HashMap<PathBuf, PathBuf> = HashMap::new();
-            let mut pending = vec![dir.clone()];
-            while let Some(d) = pending.pop() {
-                for p in sorted_entries(&d)
-                    .with_context(|| format!("image folder of field {:?}", f.name))?
-                {
-                    if p.is_dir() {
-                        pending.push(p);
-                    } else if is_image(&p) {
-                        let rel = p.strip_prefix(&dir).unwrap_or(&p);
-                        by_stem.entry(stem_key(rel)).or_insert(p.clone());
-                    }
-                }
-            }
-            let mut files = Vec::with_capacity(rels.len());
-            let mut missing = vec![];
-            for r in &rels {
-                match by_stem.get(&stem_key(r)) {
-                    Some(p) => files.push(p.clone()),
-                    None => missing.push(r.display().to_string()),
-                }
-            }
-            if !missing.is_empty() {
-                bail!(
-                    "field {:?}: {} of {} files have no partner in {} (matched by name without extension), e.g. {}",
-                    f.name,
-                    missing.len(),
-                    rels.len(),
-                    dir.display(),
-                    missing.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
-                );
-            }
-            columns.push(Column::Files(files));
+            columns.push(Column::Files(paired_files(&dir, &f.name, &rels)?));
         }
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         let mut sizes = vec![0u64; rels.len()];
@@ -242,6 +209,51 @@ impl RawSource for ImageFolderSource {
     fn version(&self) -> String {
         self.version.clone()
     }
+}
+
+/// The files of a paired field's folder `dir` partnering the samples `rels` (matched by
+/// relative path without extension), for field `field`. The folder is walked once, each
+/// directory at most once however symlinks lead back to it.
+fn paired_files(dir: &Path, field: &str, rels: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    use std::os::unix::fs::MetadataExt;
+    let mut by_stem: HashMap<PathBuf, PathBuf> = HashMap::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        // A directory reached again (a symlink to itself or an ancestor) is walked once.
+        let Ok(meta) = std::fs::metadata(&d) else {
+            continue;
+        };
+        if !seen.insert((meta.dev(), meta.ino())) {
+            continue;
+        }
+        for p in sorted_entries(&d).with_context(|| format!("image folder of field {field:?}"))? {
+            if p.is_dir() {
+                pending.push(p);
+            } else if is_image(&p) {
+                let rel = p.strip_prefix(dir).unwrap_or(&p);
+                by_stem.entry(stem_key(rel)).or_insert(p.clone());
+            }
+        }
+    }
+    let mut files = Vec::with_capacity(rels.len());
+    let mut missing = vec![];
+    for r in rels {
+        match by_stem.get(&stem_key(r)) {
+            Some(p) => files.push(p.clone()),
+            None => missing.push(r.display().to_string()),
+        }
+    }
+    if !missing.is_empty() {
+        bail!(
+            "field {field:?}: {} of {} files have no partner in {} (matched by name without extension), e.g. {}",
+            missing.len(),
+            rels.len(),
+            dir.display(),
+            missing.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
+        );
+    }
+    Ok(files)
 }
 
 /// An image folder as its `[[dataset]]` table describes it: each image field decoded by its
@@ -344,6 +356,40 @@ mod tests {
                 .unwrap()
         );
         assert!(err.contains("no class subfolders"), "{err}");
+    }
+
+    #[test]
+    fn a_symlink_loop_in_a_paired_folder_is_walked_once() {
+        // masks/x -> masks and masks/y -> masks: a walk that follows them without
+        // remembering where it has been never ends (and grows without bound).
+        let dir = tempfile::tempdir().unwrap();
+        for folder in ["images", "masks"] {
+            std::fs::create_dir(dir.path().join(folder)).unwrap();
+        }
+        std::fs::write(dir.path().join("images/a.jpg"), "i").unwrap();
+        std::fs::write(dir.path().join("masks/a.png"), "m").unwrap();
+        std::os::unix::fs::symlink(".", dir.path().join("masks/x")).unwrap();
+        std::os::unix::fs::symlink(".", dir.path().join("masks/y")).unwrap();
+        let fields = vec![
+            FieldConfig {
+                folder: Some("images".into()),
+                ..FieldConfig::named("image")
+            },
+            FieldConfig {
+                folder: Some("masks".into()),
+                ..FieldConfig::named("mask")
+            },
+        ];
+        let (tx, rx) = std::sync::mpsc::channel();
+        let root = dir.path().to_path_buf();
+        std::thread::spawn(move || {
+            let _ = tx.send(ImageFolderSource::open(&root, &fields).map(|s| s.read(0)));
+        });
+        let read = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("opening the folder finishes");
+        let s = read.unwrap().unwrap();
+        assert_eq!((&s[0].data[..], &s[1].data[..]), (&b"i"[..], &b"m"[..]));
     }
 
     #[test]
