@@ -1,7 +1,7 @@
 //! larder: a node-local daemon that keeps GPUs fed with preprocessed samples.
 //!
-//! Data path: sampler (seeded, sharded order) -> store (memory LRU -> raw source) ->
-//! batch assembly -> gRPC stream. See README.md.
+//! Data path: sampler (seeded, sharded order) -> tiers (memory -> scratch -> raw source +
+//! preprocessing) -> batch assembly -> gRPC stream or shared-memory ring. See README.md.
 
 pub mod alloc;
 pub mod catalog;
