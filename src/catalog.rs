@@ -1,10 +1,10 @@
 //! The datasets the daemon serves, opened from the config.
 
-use crate::config::{DatasetConfig, OnError, ScratchConfig, TrainCrop};
+use crate::config::{DatasetConfig, OnError, TrainCrop};
 use crate::fields::Schema;
+use crate::fingerprint::fnv1a;
 use crate::pipeline::{Crop, Pipeline, Preprocess, Spatial};
 use crate::source::{RawSample, RawSource};
-use crate::tiers::scratch::{fnv1a, ScratchSpace, ScratchTier};
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -27,8 +27,6 @@ pub struct Dataset {
     pub on_error: OnError,
     /// Samples that failed to read or decode (skipped), by index: why, the file named.
     bad: Mutex<BTreeMap<u64, String>>,
-    /// The dataset's scratch shards, unless the scratch tier is off or could not be opened.
-    pub scratch: Option<ScratchTier>,
 }
 
 /// A stream's choice of pipeline.
@@ -57,7 +55,6 @@ impl Dataset {
             train: None,
             on_error: OnError::Skip,
             bad: Mutex::new(BTreeMap::new()),
-            scratch: None,
         }
     }
 
@@ -201,53 +198,21 @@ impl Dataset {
 #[derive(Default)]
 pub struct Catalog {
     datasets: BTreeMap<String, Arc<Dataset>>,
-    pub scratch: Option<Arc<ScratchSpace>>,
 }
 
 impl Catalog {
-    /// Opens every dataset (an error names the one that failed) and, if enabled, the scratch tier.
-    /// A scratch directory that cannot be used is logged, and the daemon serves without it.
-    pub fn open(configs: &[DatasetConfig], scratch: &ScratchConfig) -> Result<Catalog> {
+    /// Opens every dataset (an error names the one that failed).
+    pub fn open(configs: &[DatasetConfig]) -> Result<Catalog> {
         let mut catalog = Catalog::default();
-        if scratch.enabled {
-            match ScratchSpace::open(&scratch.dir, scratch.budget_bytes) {
-                Ok(space) => catalog.scratch = Some(space),
-                Err(e) => tracing::error!("scratch tier disabled: {e:#}"),
-            }
-        }
         for (id, c) in configs.iter().enumerate() {
             let dataset = open_dataset(id as u32, c)
                 .with_context(|| format!("opening dataset {:?}", c.name))?;
-            catalog.add(dataset, scratch.shard_bytes);
-        }
-        if let Some(space) = &catalog.scratch {
-            space.remove_unused(
-                catalog
-                    .iter()
-                    .filter_map(|d| d.scratch.as_ref().map(|t| t.dir())),
-            );
+            catalog.add(dataset);
         }
         Ok(catalog)
     }
 
-    /// Adds a dataset, opening its scratch shards if the catalog has a scratch tier.
-    pub fn add(&mut self, mut dataset: Dataset, shard_bytes: u64) {
-        if let Some(space) = &self.scratch {
-            let opened = ScratchTier::open(
-                space,
-                &dataset.name,
-                dataset.fingerprint(),
-                dataset.len(),
-                dataset.record_bytes_estimate(),
-                shard_bytes,
-            );
-            match opened {
-                Ok(tier) => dataset.scratch = Some(tier),
-                Err(e) => {
-                    tracing::error!(dataset = %dataset.name, "no scratch tier for this dataset: {e:#}")
-                }
-            }
-        }
+    pub fn add(&mut self, dataset: Dataset) {
         self.datasets
             .insert(dataset.name.clone(), Arc::new(dataset));
     }

@@ -368,7 +368,7 @@ fn default_crop_ratio() -> [f64; 2] {
     [3.0 / 4.0, 4.0 / 3.0]
 }
 fn default_message_buffers_bytes() -> usize {
-    crate::server::buffers::MESSAGE_BUFFERS_KEPT
+    64 << 20
 }
 fn default_prefetch_batches() -> usize {
     4

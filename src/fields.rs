@@ -200,6 +200,9 @@ impl FieldSpec {
     }
 }
 
+/// One value per raw field: a sample as its source reads it, before preprocessing.
+pub type RawSample = Vec<Value>;
+
 /// One field's value for one sample: its dims and its bytes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Value {

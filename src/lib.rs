@@ -10,6 +10,7 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod fields;
+pub mod fingerprint;
 pub mod metrics;
 pub mod peer;
 pub mod pipeline;

@@ -143,8 +143,10 @@ async fn corrupt_and_truncated_records_are_refetched_never_served() {
     // No memory tier: every lookup goes to scratch.
     let d = start(dir.path(), &scratch, "", 0).await;
     warm(&d).await.unwrap();
-    let tier = d.catalog.get("train").unwrap();
-    let tier = tier.scratch.as_ref().unwrap();
+    let tier = d
+        .store
+        .scratch_of(&d.catalog.get("train").unwrap())
+        .unwrap();
     let (path, payload, _) = tier.locate(123).unwrap();
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.write_all_at(&[0xFF, 0xFF], payload + 5).unwrap();
@@ -428,11 +430,8 @@ async fn shards_of_a_dataset_no_longer_configured_are_removed() {
     let d = start(dir.path(), &scratch, "", 0).await;
     warm(&d).await.unwrap();
     let folder = d
-        .catalog
-        .get("train")
-        .unwrap()
-        .scratch
-        .as_ref()
+        .store
+        .scratch_of(&d.catalog.get("train").unwrap())
         .unwrap()
         .dir()
         .to_path_buf();

@@ -6,8 +6,7 @@
 use super::decode;
 use super::planes::{resize_interleaved, to_planes};
 use crate::config::ImageMode;
-use crate::fields::{DType, FieldSpec, Resample, Value};
-use crate::source::RawSample;
+use crate::fields::{DType, FieldSpec, RawSample, Resample, Value};
 use anyhow::{bail, ensure, Context, Result};
 use image::GrayImage;
 

@@ -21,9 +21,6 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Bytes of waiting (spare) message buffers the daemon keeps for reuse, by default.
-pub const MESSAGE_BUFFERS_KEPT: usize = 64 << 20;
-
 /// Buffers smaller than this are plain allocations, neither pooled nor counted: the allocator
 /// serves them from its own free lists without page faults.
 pub const POOLED_FROM: usize = 256 << 10;

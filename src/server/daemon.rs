@@ -12,6 +12,7 @@ use crate::metrics::Metrics;
 use crate::proto::larder_server::LarderServer;
 use crate::streams::Streams;
 use crate::tiers::memory::{self, MemoryTier};
+use crate::tiers::scratch::ScratchSpace;
 use crate::tiers::store::Store;
 use anyhow::{Context, Result};
 use futures::Stream;
@@ -39,7 +40,7 @@ pub struct Daemon {
 impl Daemon {
     /// Opens the datasets and starts serving.
     pub async fn start(config: Config) -> Result<Daemon> {
-        let catalog = Catalog::open(&config.datasets, &config.scratch)?;
+        let catalog = Catalog::open(&config.datasets)?;
         Daemon::start_with_catalog(config, catalog).await
     }
 
@@ -57,7 +58,24 @@ impl Daemon {
         let workers = config
             .preprocess_workers
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-        let store = Store::new(memory.clone(), metrics.clone(), workers)?;
+        let scratch = &config.scratch;
+        let space = match scratch.enabled {
+            false => None,
+            true => ScratchSpace::open(&scratch.dir, scratch.budget_bytes)
+                .inspect_err(|e| tracing::error!("scratch tier disabled: {e:#}"))
+                .ok(),
+        };
+        let store = Store::new(
+            memory.clone(),
+            space,
+            scratch.shard_bytes,
+            metrics.clone(),
+            workers,
+        )?;
+        for ds in catalog.iter() {
+            store.add(ds);
+        }
+        store.remove_unused_scratch();
         let streams = Streams::new(memory.clone(), metrics.clone());
         let buffers = Arc::new(MessageBuffers::new(config.memory.message_buffers_bytes));
         let release = {

@@ -17,7 +17,7 @@ use crate::proto::{
 };
 use crate::sampler::{Plan, PlanRequest};
 use crate::streams::{StreamSpec, Streams};
-use crate::tiers::store::Store;
+use crate::tiers::store::{no_scratch, Store};
 use futures::Stream;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -221,18 +221,12 @@ impl Larder for Service {
     }
 
     async fn get_stats(&self, _: Request<GetStatsRequest>) -> Result<Response<Stats>, Status> {
-        let mem = self.store.memory.snapshot();
+        let (mem, scratch) = self.store.stats();
         let (shm_rings, shm_bytes, shm_budget_bytes) = self.rings.snapshot();
         let (spare, in_batches) = self.buffers.bytes();
         let in_flight = in_batches + self.buffers.encoded_bytes() + self.buffers.assembling_bytes();
         let process = crate::alloc::footprint();
         let allocator_free = crate::alloc::free_bytes();
-        let scratch = self
-            .catalog
-            .scratch
-            .as_ref()
-            .map(|s| s.snapshot())
-            .unwrap_or_default();
         Ok(Response::new(Stats {
             memory_bytes: mem.bytes,
             memory_budget_bytes: mem.limit,
@@ -275,11 +269,8 @@ impl Larder for Service {
         request: Request<WarmRequest>,
     ) -> Result<Response<Self::WarmStream>, Status> {
         let ds = self.dataset(&request.into_inner().dataset)?;
-        if ds.scratch.is_none() {
-            return Err(Status::from(Error::new(Kind::NoScratch, format!(
-                "dataset {:?} has no scratch tier (scratch.enabled is false or its directory is unusable; see the daemon's log)",
-                ds.name
-            ))));
+        if self.store.scratch_of(&ds).is_none() {
+            return Err(no_scratch(&ds).into());
         }
         let (progress_tx, mut progress_rx) = mpsc::channel(16);
         let (tx, rx) = mpsc::channel(16);

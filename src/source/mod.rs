@@ -8,7 +8,7 @@ pub use self::hdf5::{write_hdf5, Hdf5Source, MAX_GRANULE};
 pub use self::images::ImageFolderSource;
 
 use crate::config::{DatasetConfig, SourceKind};
-use crate::fields::{Schema, Value};
+use crate::fields::Schema;
 use crate::pipeline::Preprocess;
 use anyhow::Result;
 use std::path::Path;
@@ -30,8 +30,7 @@ pub fn open(c: &DatasetConfig) -> Result<Opened> {
     }
 }
 
-/// One value per raw field.
-pub type RawSample = Vec<Value>;
+pub use crate::fields::RawSample;
 
 /// A dataset of raw samples on long-term storage.
 pub trait RawSource: Send + Sync {

@@ -23,6 +23,7 @@
 //! rebuilds its index from the entries alone, without reading the records, and serves every
 //! valid record it finds; the last entry of a sample wins.
 
+pub use crate::fingerprint::fnv1a;
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use memmap2::Mmap;
@@ -45,20 +46,6 @@ const MAX_HOLES: u64 = 256;
 pub const MAX_SHARD_BYTES: u64 = u32::MAX as u64;
 /// After a write failure, how long the tier waits before trying to write again.
 const RETRY_WRITES_AFTER: Duration = Duration::from_secs(60);
-
-/// Stable 64-bit FNV-1a, for fingerprints that survive daemon upgrades.
-pub fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for &b in *part {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
 
 /// The scratch disk, shared by all datasets: its byte budget and its health.
 pub struct ScratchSpace {

@@ -9,8 +9,8 @@ use crate::config::OnError;
 use crate::error::{Error, Kind};
 use crate::metrics::{Metrics, Tier};
 use crate::source::RawSample;
-use crate::tiers::memory::{Key, MemoryTier};
-use crate::tiers::scratch::ScratchTier;
+use crate::tiers::memory::{Key, MemorySnapshot, MemoryTier};
+use crate::tiers::scratch::{ScratchSnapshot, ScratchSpace, ScratchTier};
 use crate::workers::Workers;
 use anyhow::{anyhow, Context, Result};
 use bytes::Bytes;
@@ -25,6 +25,11 @@ type Fetch = Shared<BoxFuture<'static, Result<Option<Bytes>, Arc<anyhow::Error>>
 
 pub struct Store {
     pub memory: Arc<MemoryTier>,
+    /// The scratch tier's directory and budget (None: off, or its directory is unusable), the
+    /// size of its shard files, and each dataset's shards by dataset id.
+    scratch_space: Option<Arc<ScratchSpace>>,
+    shard_bytes: u64,
+    scratch: Mutex<HashMap<u32, Arc<ScratchTier>>>,
     pub metrics: Arc<Metrics>,
     inflight: Mutex<HashMap<Key, Fetch>>,
     /// Threads for the blocking work (disk reads, preprocessing).
@@ -40,16 +45,67 @@ impl Store {
     /// A store over `memory` with `workers` preprocessing threads.
     pub fn new(
         memory: Arc<MemoryTier>,
+        scratch_space: Option<Arc<ScratchSpace>>,
+        shard_bytes: u64,
         metrics: Arc<Metrics>,
         workers: usize,
     ) -> Result<Arc<Store>> {
         Ok(Arc::new(Store {
             memory,
+            scratch_space,
+            shard_bytes,
+            scratch: Mutex::new(HashMap::new()),
             metrics,
             inflight: Mutex::new(HashMap::new()),
             workers: Arc::new(Workers::new(workers).context("starting the preprocessing threads")?),
             granule_locks: (0..GRANULE_LOCKS).map(|_| Mutex::new(())).collect(),
         }))
+    }
+
+    /// Opens the scratch shards of `ds` (if the scratch tier is on): the store serves it now.
+    pub fn add(&self, ds: &Dataset) {
+        let Some(space) = &self.scratch_space else {
+            return;
+        };
+        let opened = ScratchTier::open(
+            space,
+            &ds.name,
+            ds.fingerprint(),
+            ds.len(),
+            ds.record_bytes_estimate(),
+            self.shard_bytes,
+        );
+        match opened {
+            Ok(tier) => {
+                self.lock_scratch().insert(ds.id, Arc::new(tier));
+            }
+            Err(e) => {
+                tracing::error!(dataset = %ds.name, "no scratch tier for this dataset: {e:#}")
+            }
+        }
+    }
+
+    /// Removes the scratch shards of datasets the store does not serve.
+    pub fn remove_unused_scratch(&self) {
+        if let Some(space) = &self.scratch_space {
+            let tiers: Vec<Arc<ScratchTier>> = self.lock_scratch().values().cloned().collect();
+            space.remove_unused(tiers.iter().map(|t| t.dir()));
+        }
+    }
+
+    /// The scratch shards of `ds`, if it has any.
+    pub fn scratch_of(&self, ds: &Dataset) -> Option<Arc<ScratchTier>> {
+        self.lock_scratch().get(&ds.id).cloned()
+    }
+
+    /// The tiers' state: the memory tier's and the scratch tier's.
+    pub fn stats(&self) -> (MemorySnapshot, ScratchSnapshot) {
+        let scratch = self.scratch_space.as_ref().map(|s| s.snapshot());
+        (self.memory.snapshot(), scratch.unwrap_or_default())
+    }
+
+    fn lock_scratch(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<ScratchTier>>> {
+        self.scratch.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The preprocessed bytes of sample `index` of `ds`; None when the sample is skipped because
@@ -131,9 +187,9 @@ impl Store {
     /// The sample through the scratch and raw tiers, on the worker pool. The outer error is
     /// the daemon's (the pool); the inner one the sample's (its files do not read or decode).
     async fn load(&self, ds: &Arc<Dataset>, index: u64) -> Result<Result<(Bytes, Tier, u64)>> {
-        let (ds, locks) = (ds.clone(), self.granule_locks.clone());
+        let (ds, locks, scratch) = (ds.clone(), self.granule_locks.clone(), self.scratch_of(ds));
         self.workers
-            .run(move || load_blocking(&ds, &locks, index))
+            .run(move || load_blocking(&ds, scratch.as_deref(), &locks, index))
             .await
     }
 
@@ -145,11 +201,7 @@ impl Store {
         ds: &Arc<Dataset>,
         progress: mpsc::Sender<WarmProgress>,
     ) -> Result<WarmProgress> {
-        anyhow::ensure!(
-            ds.scratch.is_some(),
-            "dataset {:?} has no scratch tier (scratch.enabled is false or its directory is unusable; see the daemon's log)",
-            ds.name
-        );
+        let scratch = self.scratch_of(ds).ok_or_else(|| no_scratch(ds))?;
         const CHUNK: u64 = 256;
         let total = ds.len();
         let mut state = WarmProgress {
@@ -158,10 +210,12 @@ impl Store {
         };
         let mut chunks = futures::stream::iter((0..total).step_by(CHUNK as usize))
             .map(|start| {
-                let (ds, workers) = (ds.clone(), self.workers.clone());
+                let (ds, workers, scratch) = (ds.clone(), self.workers.clone(), scratch.clone());
                 async move {
                     let count = CHUNK.min(total - start);
-                    workers.run(move || warm_chunk(&ds, start, count)).await?
+                    workers
+                        .run(move || warm_chunk(&ds, &scratch, start, count))
+                        .await?
                 }
             })
             .buffer_unordered(self.workers.threads());
@@ -183,6 +237,17 @@ impl Store {
     }
 }
 
+/// Why `ds` cannot be warmed.
+pub fn no_scratch(ds: &Dataset) -> Error {
+    Error::new(
+        Kind::NoScratch,
+        format!(
+            "dataset {:?} has no scratch tier (scratch.enabled is false or its directory is unusable; see the daemon's log)",
+            ds.name
+        ),
+    )
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct WarmProgress {
     /// Samples looked at so far, of `total`.
@@ -197,8 +262,12 @@ pub struct WarmProgress {
 }
 
 /// Warms samples `start..start + count`: (written, already present, bad, count).
-fn warm_chunk(ds: &Dataset, start: u64, count: u64) -> Result<(u64, u64, u64, u64)> {
-    let scratch = ds.scratch.as_ref().context("no scratch tier")?;
+fn warm_chunk(
+    ds: &Dataset,
+    scratch: &ScratchTier,
+    start: u64,
+    count: u64,
+) -> Result<(u64, u64, u64, u64)> {
     let missing: Vec<u64> = (start..start + count)
         .filter(|&i| !scratch.contains(i))
         .collect();
@@ -249,16 +318,21 @@ fn warm_chunk(ds: &Dataset, start: u64, count: u64) -> Result<(u64, u64, u64, u6
 
 /// The sample from the scratch tier, or else from raw storage, preprocessed and written to the
 /// scratch tier; with the tier it came from and the bytes read there.
-fn load_blocking(ds: &Dataset, locks: &[Mutex<()>], index: u64) -> Result<(Bytes, Tier, u64)> {
+fn load_blocking(
+    ds: &Dataset,
+    scratch: Option<&ScratchTier>,
+    locks: &[Mutex<()>],
+    index: u64,
+) -> Result<(Bytes, Tier, u64)> {
     let from_scratch = |data: Bytes| {
         let n = data.len() as u64;
         Ok((data, Tier::Scratch, n))
     };
-    if let Some(data) = ds.scratch.as_ref().and_then(|s| s.read(index)) {
+    if let Some(data) = scratch.and_then(|s| s.read(index)) {
         return from_scratch(data);
     }
     let granule = ds.source.read_granule();
-    let (data, raw_bytes) = match &ds.scratch {
+    let (data, raw_bytes) = match scratch {
         Some(scratch) if granule > 1 && scratch.accepts_writes(index) => {
             let stripe = (index / granule + 7 * ds.id as u64) as usize % locks.len();
             let _reading = locks[stripe].lock().unwrap_or_else(|e| e.into_inner());
@@ -270,7 +344,7 @@ fn load_blocking(ds: &Dataset, locks: &[Mutex<()>], index: u64) -> Result<(Bytes
             }
             load_granule(ds, scratch, index)?
         }
-        _ => load_one(ds, ds.scratch.as_ref(), index)?,
+        _ => load_one(ds, scratch, index)?,
     };
     Ok((Bytes::from(data), Tier::Raw, raw_bytes))
 }
