@@ -64,6 +64,50 @@ impl Service {
         }
     }
 
+    /// The daemon's counters and its memory in one account, as of now (what GetStats answers
+    /// and what an exporter would read).
+    pub fn stats(&self) -> Stats {
+        let (mem, scratch) = self.store.stats();
+        let (shm_rings, shm_bytes, shm_budget_bytes) = self.rings.snapshot();
+        let (spare, in_batches) = self.buffers.bytes();
+        let in_flight = in_batches + self.buffers.encoded_bytes() + self.buffers.assembling_bytes();
+        let process = crate::alloc::footprint();
+        let allocator_free = crate::alloc::free_bytes();
+        Stats {
+            memory_bytes: mem.bytes,
+            memory_budget_bytes: mem.limit,
+            memory_entries: mem.entries,
+            admissions_declined: mem.declined,
+            measured_expansion_factor: if mem.disk_bytes == 0 {
+                0.0
+            } else {
+                mem.bytes as f64 / mem.disk_bytes as f64
+            },
+            planned_expansion_factor: self.expansion_factor,
+            scratch_bytes: scratch.used,
+            scratch_budget_bytes: scratch.budget,
+            scratch_corrupt_records: scratch.corrupt,
+            scratch_paused: scratch.paused.unwrap_or_default(),
+            shm_rings,
+            shm_bytes,
+            shm_budget_bytes,
+            bad_samples: self.catalog.iter().map(|d| d.bad_count()).sum(),
+            message_buffer_spare_bytes: spare,
+            message_buffer_in_flight_bytes: in_flight,
+            accounted_bytes: mem.bytes + shm_bytes + spare + in_flight,
+            resident_bytes: process.resident,
+            anonymous_bytes: process.anonymous,
+            shared_bytes: process.shared,
+            allocator_free_bytes: allocator_free,
+            anonymous_ceiling_bytes: mem.budget
+                + self.buffers.keep_bytes() as u64
+                + in_flight
+                + allocator_free
+                + crate::alloc::UNACCOUNTED_ALLOWANCE,
+            ..self.store.metrics.to_proto()
+        }
+    }
+
     /// The count of encoded messages not yet sent (see `sent`).
     pub fn encoded_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
         self.buffers.encoded_counter()
@@ -221,45 +265,7 @@ impl Larder for Service {
     }
 
     async fn get_stats(&self, _: Request<GetStatsRequest>) -> Result<Response<Stats>, Status> {
-        let (mem, scratch) = self.store.stats();
-        let (shm_rings, shm_bytes, shm_budget_bytes) = self.rings.snapshot();
-        let (spare, in_batches) = self.buffers.bytes();
-        let in_flight = in_batches + self.buffers.encoded_bytes() + self.buffers.assembling_bytes();
-        let process = crate::alloc::footprint();
-        let allocator_free = crate::alloc::free_bytes();
-        Ok(Response::new(Stats {
-            memory_bytes: mem.bytes,
-            memory_budget_bytes: mem.limit,
-            memory_entries: mem.entries,
-            admissions_declined: mem.declined,
-            measured_expansion_factor: if mem.disk_bytes == 0 {
-                0.0
-            } else {
-                mem.bytes as f64 / mem.disk_bytes as f64
-            },
-            planned_expansion_factor: self.expansion_factor,
-            scratch_bytes: scratch.used,
-            scratch_budget_bytes: scratch.budget,
-            scratch_corrupt_records: scratch.corrupt,
-            scratch_paused: scratch.paused.unwrap_or_default(),
-            shm_rings,
-            shm_bytes,
-            shm_budget_bytes,
-            bad_samples: self.catalog.iter().map(|d| d.bad_count()).sum(),
-            message_buffer_spare_bytes: spare,
-            message_buffer_in_flight_bytes: in_flight,
-            accounted_bytes: mem.bytes + shm_bytes + spare + in_flight,
-            resident_bytes: process.resident,
-            anonymous_bytes: process.anonymous,
-            shared_bytes: process.shared,
-            allocator_free_bytes: allocator_free,
-            anonymous_ceiling_bytes: mem.budget
-                + self.buffers.keep_bytes() as u64
-                + in_flight
-                + allocator_free
-                + crate::alloc::UNACCOUNTED_ALLOWANCE,
-            ..self.store.metrics.to_proto()
-        }))
+        Ok(Response::new(self.stats()))
     }
 
     type WarmStream = Pin<Box<dyn Stream<Item = Result<WarmProgress, Status>> + Send>>;
