@@ -17,6 +17,7 @@ import numpy as np
 from larder.shm import Ring, RingRefused, open_ring
 from larder.v1 import larder_pb2 as pb
 from larder.v1 import larder_pb2_grpc as pb_grpc
+from larder.wire import RawBatch
 
 log = logging.getLogger("larder")
 
@@ -61,78 +62,6 @@ class Ragged:
         return self.values[self.offsets[i] : self.offsets[i + 1]].reshape(tuple(self.shapes[i]))
 
 
-def _varint(buf: bytes, i: int):
-    """The varint at buf[i:], and where it ends."""
-    result = shift = 0
-    while True:
-        b = buf[i]
-        i += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, i
-        shift += 7
-
-
-def _encode_varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _strip(raw: bytes, start: int, end: int, field: int, nested: Optional[int], spans: list) -> bytes:
-    """The protobuf message raw[start:end] without its length-delimited field `field` (whose
-    spans in raw are appended to `spans`); with `nested`, that field of each submessage
-    `nested` is stripped instead, and `spans` gets one entry per submessage: the span of its
-    field, or None where it has none."""
-    out = bytearray()
-    i = start
-    while i < end:
-        key, j = _varint(raw, i)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            _, k = _varint(raw, j)
-        elif wire == 1:
-            k = j + 8
-        elif wire == 5:
-            k = j + 4
-        elif wire == 2:
-            length, j2 = _varint(raw, j)
-            k = j2 + length
-            if nested is None and number == field:
-                spans.append((j2, k))
-                i = k
-                continue
-            if nested is not None and number == nested:
-                inner: list = []
-                sub = _strip(raw, j2, k, field, None, inner)
-                spans.append(inner[-1] if inner else None)
-                out += raw[i:j] + _encode_varint(len(sub)) + sub
-                i = k
-                continue
-        else:
-            raise ValueError(f"unexpected protobuf wire type {wire}")
-        out += raw[i:k]
-        i = k
-    return bytes(out)
-
-
-class _RawBatch:
-    """A Batch message as received: its bytes, the message parsed without the fields' data (so
-    protobuf copies none of it), and where each field's data lies in the bytes."""
-
-    __slots__ = ("raw", "msg", "spans")
-
-    def __init__(self, raw: bytes):
-        self.raw = raw
-        spans: list = []
-        # Batch.fields is field 7; FieldBatch.data is field 4.
-        self.msg = pb.Batch.FromString(_strip(raw, 0, len(raw), 4, 7, spans))
-        self.spans = spans
-
-
 def _field(f: "pb.FieldBatch", n: int, slot: Optional[np.ndarray], data=None):
     """(array or Ragged, lengths or None) of one FieldBatch; arrays share the message's bytes
     (`data`: (bytes, start, end) when parsed apart), or the shared-memory slot's when the batch
@@ -171,9 +100,9 @@ class Batch(Mapping):
 
     __slots__ = ("index", "num_batches", "step", "resume_sample", "sample_ids", "fields", "lengths")
 
-    def __init__(self, msg: "Union[pb.Batch, _RawBatch]", slot: Optional[np.ndarray] = None):
+    def __init__(self, msg: "Union[pb.Batch, RawBatch]", slot: Optional[np.ndarray] = None):
         raw = None
-        if isinstance(msg, _RawBatch):
+        if isinstance(msg, RawBatch):
             raw, spans, msg = msg.raw, iter(msg.spans), msg.msg
         self.index: int = msg.batch_index
         self.num_batches: int = msg.num_batches
@@ -186,10 +115,7 @@ class Batch(Mapping):
         self.fields: Dict[str, Union[np.ndarray, Ragged]] = {}
         self.lengths: Dict[str, np.ndarray] = {}
         for f in msg.fields:
-            data = None
-            if raw is not None:
-                span = next(spans)  # None: the data was empty (protobuf leaves it out)
-                data = (raw, *span) if span is not None else (raw, 0, 0)
+            data = (raw, *next(spans)) if raw is not None else None
             self.fields[f.name], lengths = _field(f, n, slot, data)
             if lengths is not None:
                 self.lengths[f.name] = lengths
@@ -279,12 +205,12 @@ class Client:
             options.append(("grpc.default_authority", "localhost"))
         self._channel = grpc.insecure_channel(self.address, options=options)
         self._stub = pb_grpc.LarderStub(self._channel)
-        # StreamBatches with the messages left as bytes: Batch() parses them without copying
-        # the fields' data.
+        # StreamBatches with the messages left as bytes: larder.wire's RawBatch parses them
+        # without copying the fields' data.
         self._stream_batches = self._channel.unary_stream(
             "/larder.v1.Larder/StreamBatches",
             request_serializer=pb.StreamBatchesRequest.SerializeToString,
-            response_deserializer=_RawBatch,
+            response_deserializer=RawBatch,
         )
         # Shared-memory rings no stream uses now, kept for the next stream.
         self._idle_rings: List[Ring] = []
@@ -386,6 +312,8 @@ class Client:
         """
         if transport not in ("auto", "shm", "bytes"):
             raise ValueError(f"transport must be 'auto', 'shm' or 'bytes', not {transport!r}")
+        if transport == "shm" and _unix_path(self.address) is None:
+            raise LarderError("transport='shm' needs the daemon's Unix socket (address unix:/path)")
         request = _request(dataset, batch_size, **shard)
         state = _StreamState(max(prefetch, 0))
         batches = self._batches(request, transport, pin_memory, state)
@@ -397,21 +325,13 @@ class Client:
             return
         yield from _in_background(batches, prefetch, state)
 
-    def _ring(self, request: "pb.StreamBatchesRequest", transport: str, pin_memory: bool, prefetch: int):
-        """A ring for this stream (an idle one of this client's if it fits), or None for bytes."""
+    def _ring(self, plan: "pb.StreamPlan", transport: str, pin_memory: bool, prefetch: int):
+        """A ring for a stream of `plan` (an idle one of this client's if it fits), or None for
+        bytes."""
         path = _unix_path(self.address)
         if path is None:
-            if transport == "shm":
-                raise LarderError("transport='shm' needs the daemon's Unix socket (address unix:/path)")
             return None
-        # Straight to the stub: an unreachable daemon is retried like a broken stream, and a bad
-        # request is reported by StreamBatches itself.
-        try:
-            slot_bytes = self._stub.PlanStream(request).slot_bytes
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.UNAVAILABLE:
-                raise
-            return None
+        slot_bytes = plan.slot_bytes
         if slot_bytes == 0:
             if transport == "shm":
                 raise LarderError(
@@ -442,6 +362,19 @@ class Client:
             log.info("pin_memory: no GPU here, the ring stays unpinned")
         return ring
 
+    def _stream_plan(self, request: "pb.StreamBatchesRequest", transport: str) -> "pb.StreamPlan":
+        """The daemon's plan for a stream's request, straight from the stub: an unreachable
+        daemon is retried like a broken stream."""
+        try:
+            return self._stub.PlanStream(request)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+        # A daemon older than PlanStream: its batches come in the messages.
+        if transport == "shm":
+            raise LarderError("transport='shm' needs a larderd that answers PlanStream; this one is older")
+        return pb.StreamPlan()
+
     def _give_back(self, ring: "Ring") -> None:
         with self._rings_lock:
             if not ring.closed:
@@ -455,11 +388,21 @@ class Client:
         delay = 0.05
         want_ring = transport != "bytes"
         ring = None
+        # One PlanStream per stream: the plan (the slot size a ring needs) is asked once, before
+        # the first StreamBatches, whatever the transport (a request the daemon refuses fails
+        # here, with the message StreamBatches would give). It is kept when the stream
+        # reconnects to a restarted daemon, which is a new stream on the daemon's side: the
+        # request is the same, and so is its slot size, which the new ring is made with (were
+        # the restarted daemon's batches larger, it would send them in the messages). It is
+        # asked again only while no answer has come (an unreachable daemon is retried).
+        plan = None
         try:
             while True:
                 try:
+                    if plan is None:
+                        plan = self._stream_plan(request, transport)
                     if want_ring and ring is None:
-                        ring = self._ring(request, transport, pin_memory, state.prefetch)
+                        ring = self._ring(plan, transport, pin_memory, state.prefetch)
                         want_ring = ring is not None
                     request.start_batch = next_batch
                     request.shm_ring = ring.token if ring is not None else b""

@@ -359,7 +359,9 @@ class LarderIterableDataset(IterableDataset):
     def __len__(self) -> int:
         """Batches this rank's loader yields in an epoch, for every DataLoader worker together
         (what `len(DataLoader(ds, batch_size=None))` reports, and frameworks size progress,
-        schedules and the last batch by). Asked of the daemon, which holds the sharding rule."""
+        schedules and the last batch by). Asked of the daemon, which holds the sharding rule,
+        once per (rank, world size): the whole epoch of every worker together is no one
+        stream's plan, so each iteration's stream still asks its own, once (Client.stream)."""
         rank, world, _ = self._ranks()  # under Accelerate, process 0's: it divides the length
         key = (rank, world)
         if self._len_cache is None or self._len_cache[0] != key:

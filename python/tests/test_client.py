@@ -91,8 +91,57 @@ def test_bad_requests_raise_clear_errors(daemon):
             list(c.stream("train", 10))
 
 
+@pytest.fixture
+def plan_calls(monkeypatch):
+    """The PlanStream requests of every Client made in the test, as they were sent."""
+    from larder.v1 import larder_pb2_grpc as pb_grpc
+
+    calls = []
+
+    class CountingStub(pb_grpc.LarderStub):
+        def __init__(self, channel):
+            super().__init__(channel)
+            plan = self.PlanStream
+
+            def counted(request, *args, **kwargs):
+                calls.append(type(request).FromString(request.SerializeToString()))
+                return plan(request, *args, **kwargs)
+
+            self.PlanStream = counted
+
+    monkeypatch.setattr(pb_grpc, "LarderStub", CountingStub)
+    return calls
+
+
+@pytest.mark.parametrize("address,transport", [("unix", "shm"), ("unix", "bytes"), ("tcp", "auto")])
+def test_one_plan_per_stream(daemon, plan_calls, address, transport):
+    with larder.Client(getattr(daemon, address)) as c:
+        for epoch in range(2):
+            stream = c.stream("train", 32, seed=4, epoch=epoch, transport=transport)
+            first = next(stream)
+            assert first.images.flags.writeable == (transport == "shm"), "in the ring, or in the message"
+            del first
+            assert len(list(stream)) == 9
+            assert len(plan_calls) == epoch + 1, "one PlanStream per stream"
+            assert (plan_calls[-1].dataset, plan_calls[-1].epoch, plan_calls[-1].seed) == ("train", epoch, 4)
+        assert c.plan("train", 32).num_batches == 10 and len(plan_calls) == 3, "Client.plan asks"
+
+
+@needs_torch
+def test_one_plan_per_dataset_iteration(daemon, plan_calls):
+    from larder.torch import LarderIterableDataset
+
+    ds = LarderIterableDataset("train", 32, address=daemon.unix)
+    for epoch in range(2):
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)
+        assert sum(1 for _ in loader) == 10
+        assert [r.epoch for r in plan_calls] == list(range(epoch + 1)), "one PlanStream per epoch's stream"
+    # len() asks for the whole epoch once (in this process now that it has a connection).
+    assert len(ds) == len(ds) == 10 and len(plan_calls) == 3
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_streams_resume_after_a_daemon_restart(daemon, sig):
+def test_streams_resume_after_a_daemon_restart(daemon, sig, plan_calls):
     with larder.Client(daemon.unix, reconnect_timeout=30) as c:
         stream = c.stream("train", 10, seed=11, epoch=2)
         got = [next(stream) for _ in range(3)]
@@ -103,6 +152,8 @@ def test_streams_resume_after_a_daemon_restart(daemon, sig):
         restarted.join()
     assert [b.index for b in got] == list(range(30))
     check_batches(got)
+    # The stream keeps its plan across the restart (and makes its new ring with its slot size).
+    assert len(plan_calls) == 1
 
 
 def test_warm_reports_progress(daemon):
@@ -115,17 +166,40 @@ def test_warm_reports_progress(daemon):
 
 
 def test_batches_parsed_without_copying_their_data_match_protobuf():
-    from larder.client import Batch, _RawBatch
+    from larder.client import Batch
     from larder.v1 import larder_pb2 as pb
+    from larder.wire import RawBatch
 
     msg = pb.Batch(batch_index=3, num_batches=9, sample_ids=[5, 300, 70000])
     msg.fields.add(name="image", dtype="uint8", shape=[3, 2], sample_shape=[2], data=bytes(range(6)))
     msg.fields.add(name="empty", dtype="int16", shape=[3, 0], sample_shape=[-1], lengths=[0, 0, 0])
     msg.fields.add(name="label", dtype="int64", shape=[3], data=np.arange(3, dtype=np.int64).tobytes())
     raw = msg.SerializeToString()
-    fast, plain = Batch(_RawBatch(raw)), Batch(pb.Batch.FromString(raw))
+    fast, plain = Batch(RawBatch(raw)), Batch(pb.Batch.FromString(raw))
     assert (fast.index, fast.num_batches, list(fast.sample_ids)) == (3, 9, [5, 300, 70000])
     for name in ("image", "empty", "label"):
         np.testing.assert_array_equal(fast[name], plain[name])
         assert fast[name].dtype == plain[name].dtype and fast[name].shape == plain[name].shape
     assert fast["image"].base is not None and not fast["image"].flags.owndata, "a view of the message"
+
+
+def test_wire_field_numbers_are_the_descriptors_and_spans_are_right():
+    from larder import wire
+    from larder.v1 import larder_pb2 as pb
+
+    assert wire.BATCH_FIELDS == pb.Batch.DESCRIPTOR.fields_by_name["fields"].number
+    assert wire.FIELD_DATA == pb.FieldBatch.DESCRIPTOR.fields_by_name["data"].number
+    image, label = bytes(range(200, 248)), np.arange(4, dtype=np.int64).tobytes()
+    msg = pb.Batch(batch_index=1, num_batches=2, sample_ids=[0, 1, 2, 3], resume_sample=8)
+    msg.fields.add(name="image", dtype="uint8", shape=[4, 12], sample_shape=[12], data=image)
+    msg.fields.add(name="label", dtype="int64", shape=[4], data=label)
+    raw = msg.SerializeToString()
+    parsed = wire.RawBatch(raw)
+    assert parsed.raw is raw
+    assert [raw[a:b] for a, b in parsed.spans] == [image, label]
+    assert [f.data for f in parsed.msg.fields] == [b"", b""], "protobuf copied none of the data"
+    expected = pb.Batch()
+    expected.CopyFrom(msg)
+    for f in expected.fields:
+        f.data = b""
+    assert parsed.msg == expected, "everything else as protobuf parses it"
