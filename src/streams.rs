@@ -7,6 +7,7 @@
 
 use crate::metrics::Metrics;
 use crate::peer::Peer;
+use crate::sampler::Plan;
 use crate::tiers::memory::MemoryTier;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
@@ -19,6 +20,11 @@ pub struct StreamSpec {
     /// The process that opened it, on the Unix socket (None over TCP).
     pub peer: Option<Peer>,
     pub dataset: String,
+    /// The dataset's id (the memory tier's keys are (id, sample)).
+    pub dataset_id: u32,
+    /// Its plan: the epoch's order and its batches. With `next_batch`, every sample the
+    /// stream will still ask for, in order (what a next-use eviction policy reads).
+    pub plan: Option<Arc<Plan>>,
     pub batch_size: u32,
     pub seed: u64,
     pub epoch: u64,

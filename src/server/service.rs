@@ -361,9 +361,12 @@ impl Larder for Service {
             rank = req.rank, world_size = req.world_size, start_batch = req.start_batch,
             batches = plan.num_batches, shm = ring.is_some(), "stream opened"
         );
+        let plan = Arc::new(plan);
         let handle = self.streams.open(StreamSpec {
             peer,
             dataset: ds.name.clone(),
+            dataset_id: ds.id,
+            plan: Some(plan.clone()),
             batch_size: req.batch_size,
             seed: req.seed,
             epoch: req.epoch,
@@ -378,7 +381,7 @@ impl Larder for Service {
         let producer = Producer {
             store: self.store.clone(),
             ds,
-            plan: Arc::new(plan),
+            plan,
             sel: Arc::new(sel),
             ring,
             held_slots: req.held_slots,
