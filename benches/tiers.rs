@@ -77,7 +77,7 @@ fn scratch(c: &mut Criterion) {
 fn raw(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("b.h5");
-    larder::demo::make_dataset(&path, 2000, &[3, 64, 64]).unwrap();
+    larder::synthetic::make_dataset(&path, 2000, &[3, 64, 64]).unwrap();
     let fields = [
         FieldConfig {
             hdf5: Some("images".into()),

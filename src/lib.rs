@@ -18,6 +18,7 @@ pub mod sampler;
 pub mod server;
 pub mod source;
 pub mod streams;
+pub mod synthetic;
 pub mod tiers;
 pub mod workers;
 

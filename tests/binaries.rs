@@ -1,7 +1,7 @@
 //! The installed programs: larderd started from a TOML config on a Unix socket, the larder CLI
 //! talking to it, a clean exit on SIGTERM, and a clear failure on a bad config.
 
-use larder::demo::make_dataset;
+use larder::synthetic::make_dataset;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 

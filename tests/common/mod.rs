@@ -3,9 +3,9 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 use larder::client::connect;
-use larder::demo::{expected_label, expected_sample};
 use larder::proto::{Batch, GetStatsRequest, Stats};
 use larder::server::Daemon;
+use larder::synthetic::{expected_label, expected_sample};
 
 pub const SHAPE: [usize; 3] = [2, 4, 4];
 pub const SAMPLE_BYTES: usize = 32;
