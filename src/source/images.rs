@@ -358,6 +358,20 @@ mod tests {
         assert!(err.contains("no class subfolders"), "{err}");
     }
 
+    /// Fields "image" from images/ and "mask" from masks/.
+    fn image_and_mask() -> Vec<FieldConfig> {
+        vec![
+            FieldConfig {
+                folder: Some("images".into()),
+                ..FieldConfig::named("image")
+            },
+            FieldConfig {
+                folder: Some("masks".into()),
+                ..FieldConfig::named("mask")
+            },
+        ]
+    }
+
     #[test]
     fn a_symlink_loop_in_a_paired_folder_is_walked_once() {
         // masks/x -> masks and masks/y -> masks: a walk that follows them without
@@ -370,16 +384,7 @@ mod tests {
         std::fs::write(dir.path().join("masks/a.png"), "m").unwrap();
         std::os::unix::fs::symlink(".", dir.path().join("masks/x")).unwrap();
         std::os::unix::fs::symlink(".", dir.path().join("masks/y")).unwrap();
-        let fields = vec![
-            FieldConfig {
-                folder: Some("images".into()),
-                ..FieldConfig::named("image")
-            },
-            FieldConfig {
-                folder: Some("masks".into()),
-                ..FieldConfig::named("mask")
-            },
-        ];
+        let fields = image_and_mask();
         let (tx, rx) = std::sync::mpsc::channel();
         let root = dir.path().to_path_buf();
         std::thread::spawn(move || {
@@ -404,16 +409,7 @@ mod tests {
                 std::fs::write(dir.path().join(folder).join(n), format!("{folder}/{n}")).unwrap();
             }
         }
-        let fields = vec![
-            FieldConfig {
-                folder: Some("images".into()),
-                ..FieldConfig::named("image")
-            },
-            FieldConfig {
-                folder: Some("masks".into()),
-                ..FieldConfig::named("mask")
-            },
-        ];
+        let fields = image_and_mask();
         let src = ImageFolderSource::open(dir.path(), &fields).unwrap();
         assert_eq!(src.len(), 2);
         let s = src.read(1).unwrap();
