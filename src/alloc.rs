@@ -141,7 +141,11 @@ mod tests {
         // Dirty until purged (by the background thread after about 250 ms, or now).
         let free = free_bytes();
         assert!(free >= 16 << 20, "{free}");
-        give_back();
-        assert!(free_bytes() < 16 << 20, "{free} -> {}", free_bytes());
+        // Other tests free memory meanwhile: purging brings the count down at some try.
+        let purged = (0..20).any(|_| {
+            give_back();
+            free_bytes() < 16 << 20
+        });
+        assert!(purged, "{free} -> {}", free_bytes());
     }
 }

@@ -107,8 +107,12 @@ impl Streams {
     /// Registers a stream; it stays registered while the handle lives.
     pub fn open(self: &Arc<Self>, spec: StreamSpec) -> StreamHandle {
         let id = self.next_id.fetch_add(1, Relaxed);
-        let total = self.samples.fetch_add(spec.samples, SeqCst) + spec.samples;
-        self.memory.set_streaming_samples(total);
+        {
+            // The sum and the hint together, so the last hint is the latest sum.
+            let _open = self.lock();
+            let total = self.samples.fetch_add(spec.samples, SeqCst) + spec.samples;
+            self.memory.set_streaming_samples(total);
+        }
         self.metrics.stream_opened();
         let state = Arc::new(StreamState {
             id,

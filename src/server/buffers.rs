@@ -66,7 +66,36 @@ struct Inner {
 /// `Bytes` of the batch is dropped.
 struct Lent {
     data: Vec<u8>,
+    /// The bytes counted in `in_use_bytes` for it when it was taken.
+    counted: u64,
     pool: Arc<Inner>,
+}
+
+/// A buffer from [`MessageBuffers::take`] being written: counted as in use from the start, and
+/// uncounted if it is dropped unfinished (a batch that failed half-way).
+pub struct Pooled {
+    data: Vec<u8>,
+    counted: u64,
+    pool: Arc<Inner>,
+}
+
+impl std::ops::Deref for Pooled {
+    type Target = Vec<u8>;
+    fn deref(&self) -> &Vec<u8> {
+        &self.data
+    }
+}
+
+impl std::ops::DerefMut for Pooled {
+    fn deref_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.data
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        self.pool.in_use_bytes.fetch_sub(self.counted, Relaxed);
+    }
 }
 
 impl AsRef<[u8]> for Lent {
@@ -78,9 +107,7 @@ impl AsRef<[u8]> for Lent {
 impl Drop for Lent {
     fn drop(&mut self) {
         let data = std::mem::take(&mut self.data);
-        self.pool
-            .in_use_bytes
-            .fetch_sub(data.capacity() as u64, Relaxed);
+        self.pool.in_use_bytes.fetch_sub(self.counted, Relaxed);
         self.pool.put_back(data);
     }
 }
@@ -136,9 +163,14 @@ impl MessageBuffers {
 
     /// An empty buffer with room for `len` bytes: a spare of its size class (no page faults),
     /// else new memory. Write the batch into it and hand it to `finish`.
-    pub fn take(&self, len: usize) -> Vec<u8> {
+    pub fn take(&self, len: usize) -> Pooled {
+        let pooled = |data: Vec<u8>, counted: u64| Pooled {
+            data,
+            counted,
+            pool: self.inner.clone(),
+        };
         if len < POOLED_FROM {
-            return Vec::with_capacity(len);
+            return pooled(Vec::with_capacity(len), 0);
         }
         let class = size_class(len);
         let reused = {
@@ -155,20 +187,22 @@ impl MessageBuffers {
             }
             None => Vec::with_capacity(class),
         };
-        self.inner
-            .in_use_bytes
-            .fetch_add(buf.capacity() as u64, Relaxed);
-        buf
+        let counted = buf.capacity() as u64;
+        self.inner.in_use_bytes.fetch_add(counted, Relaxed);
+        pooled(buf, counted)
     }
 
     /// The batch written into `buf` (from `take`), for a message; its buffer comes back when
     /// the last handle on the batch is dropped.
-    pub fn finish(&self, buf: Vec<u8>) -> Bytes {
-        if buf.capacity() < POOLED_FROM {
-            return Bytes::from(buf);
+    pub fn finish(&self, mut buf: Pooled) -> Bytes {
+        let data = std::mem::take(&mut buf.data);
+        let counted = std::mem::take(&mut buf.counted);
+        if counted == 0 {
+            return Bytes::from(data);
         }
         Bytes::from_owner(Lent {
-            data: buf,
+            data,
+            counted,
             pool: self.inner.clone(),
         })
     }
@@ -211,7 +245,8 @@ impl Inner {
     /// Keeps `data` as a spare (emptied), letting the oldest go past the byte limit.
     fn put_back(&self, mut data: Vec<u8>) {
         let cap = data.capacity();
-        if cap > self.keep_bytes {
+        // Only buffers of a size class are ever taken again (one a writer grew is not).
+        if cap > self.keep_bytes || cap < POOLED_FROM || size_class(cap) != cap {
             return;
         }
         data.clear();
@@ -308,6 +343,19 @@ mod tests {
         drop(batch(&pool, 11 * MB, 1));
         assert_eq!(pool.bytes().1, 0);
         assert!(pool.bytes().0 <= 10 * MB as u64);
+    }
+
+    #[test]
+    fn a_buffer_dropped_unfinished_or_grown_keeps_the_count_right() {
+        let pool = MessageBuffers::new(64 * MB);
+        let failed = pool.take(MB);
+        assert_eq!(pool.bytes().1, size_class(MB) as u64);
+        drop(failed); // the batch failed half-way
+        assert_eq!(pool.bytes(), (0, 0));
+        let mut grown = pool.take(MB);
+        grown.resize(3 * MB + 1, 1); // written past its class: reallocated to no class
+        drop(pool.finish(grown));
+        assert_eq!(pool.bytes(), (0, 0), "counted as taken, not kept");
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Counts the encoded gRPC messages the daemon holds until the socket takes them. tonic
-//! encodes each batch into a buffer of its own (a copy of the batch's bytes) and hyper keeps
-//! that buffer until the client's HTTP/2 window lets it all out: for a slow client, tens of
-//! MB per stream that no other count sees. Each chunk of a response body is wrapped (no copy)
-//! so that its bytes are counted until hyper drops it.
+//! encodes each batch into a buffer of its own (a copy of the batch's bytes); hyper keeps the
+//! encoded message until the client's HTTP/2 window lets it all out, and the response body
+//! keeps that buffer's allocation for its next message: for a slow client, tens of MB per
+//! stream that no other count sees. Each response body counts the largest message it has
+//! passed (its encode buffer's size) until the body is dropped.
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -12,48 +13,38 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 /// Chunks smaller than this are not counted (headers, small batches: noise).
-const COUNTED_FROM: usize = 64 << 10;
+const COUNTED_FROM: u64 = 64 << 10;
 
-/// A response body whose large chunks count themselves in `bytes` while they live.
+/// A response body that counts its largest chunk in `bytes` while it lives.
 pub struct CountedBody<B> {
     inner: B,
     bytes: Arc<AtomicU64>,
+    /// What this body counts in `bytes` now.
+    largest: u64,
 }
 
 impl<B> CountedBody<B> {
     pub fn new(inner: B, bytes: Arc<AtomicU64>) -> CountedBody<B> {
-        CountedBody { inner, bytes }
+        CountedBody {
+            inner,
+            bytes,
+            largest: 0,
+        }
+    }
+
+    /// A chunk of `len` bytes passed: the body's encode buffer is at least that large.
+    fn saw(&mut self, len: u64) {
+        if len >= COUNTED_FROM && len > self.largest {
+            self.bytes.fetch_add(len - self.largest, Relaxed);
+            self.largest = len;
+        }
     }
 }
 
-/// One chunk of a body, counted until dropped.
-struct Chunk {
-    data: Bytes,
-    bytes: Arc<AtomicU64>,
-}
-
-impl AsRef<[u8]> for Chunk {
-    fn as_ref(&self) -> &[u8] {
-        &self.data
-    }
-}
-
-impl Drop for Chunk {
+impl<B> Drop for CountedBody<B> {
     fn drop(&mut self) {
-        self.bytes.fetch_sub(self.data.len() as u64, Relaxed);
+        self.bytes.fetch_sub(self.largest, Relaxed);
     }
-}
-
-/// `data`, counted in `bytes` until the last handle on it is dropped.
-fn counted(data: Bytes, bytes: &Arc<AtomicU64>) -> Bytes {
-    if data.len() < COUNTED_FROM {
-        return data;
-    }
-    bytes.fetch_add(data.len() as u64, Relaxed);
-    Bytes::from_owner(Chunk {
-        data,
-        bytes: bytes.clone(),
-    })
 }
 
 impl<B> Body for CountedBody<B>
@@ -68,9 +59,13 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.get_mut();
-        Pin::new(&mut this.inner)
-            .poll_frame(cx)
-            .map_ok(|frame| frame.map_data(|d| counted(d, &this.bytes)))
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            if let Some(data) = frame.data_ref() {
+                this.saw(data.len() as u64);
+            }
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -87,18 +82,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_chunk_counts_until_its_last_slice_is_dropped() {
+    fn a_body_counts_its_largest_chunk_until_dropped() {
         let bytes = Arc::new(AtomicU64::new(0));
-        let chunk = counted(Bytes::from(vec![1u8; 1 << 20]), &bytes);
-        assert_eq!(bytes.load(Relaxed), 1 << 20);
-        let (head, tail) = (chunk.slice(..100), chunk.slice(100..));
-        drop(chunk);
-        drop(head);
-        assert_eq!(bytes.load(Relaxed), 1 << 20, "a slice still holds it");
-        assert!(tail.iter().all(|&b| b == 1));
-        drop(tail);
+        let mut body = CountedBody::new(http_body_util_empty(), bytes.clone());
+        body.saw(1 << 20);
+        body.saw(300 << 10);
+        assert_eq!(
+            bytes.load(Relaxed),
+            1 << 20,
+            "the buffer keeps its largest size"
+        );
+        body.saw(2 << 20);
+        body.saw(100);
+        assert_eq!(bytes.load(Relaxed), 2 << 20);
+        let mut other = CountedBody::new(http_body_util_empty(), bytes.clone());
+        other.saw(1 << 20);
+        assert_eq!(bytes.load(Relaxed), 3 << 20);
+        drop(body);
+        drop(other);
         assert_eq!(bytes.load(Relaxed), 0);
-        let small = counted(Bytes::from_static(b"header"), &bytes);
-        assert_eq!((bytes.load(Relaxed), &small[..]), (0, &b"header"[..]));
+    }
+
+    fn http_body_util_empty() -> tonic::body::Body {
+        tonic::body::Body::empty()
     }
 }

@@ -11,9 +11,10 @@ use std::time::Duration;
 /// Which sample: (dataset id, sample index).
 pub type Key = (u32, u64);
 
-/// Bookkeeping bytes charged per entry on top of the sample itself (map and policy nodes, key,
-/// Bytes header).
-pub const ENTRY_OVERHEAD: u64 = 96;
+/// Bookkeeping bytes charged per entry on top of the sample itself: the entry map's bucket and
+/// spare capacity (about 65-128 bytes), the policy's node and its map (about 64-85), the
+/// Bytes header.
+pub const ENTRY_OVERHEAD: u64 = 192;
 
 struct Entry {
     data: Bytes,
