@@ -183,6 +183,29 @@ impl Plan {
         &self.samples[self.bounds[b as usize]..self.bounds[b as usize + 1]]
     }
 
+    /// `num_samples` samples in order, in batches of `batch_size`, from batch `start_batch`
+    /// (for tests of what reads plans).
+    #[cfg(test)]
+    pub fn sequential(num_samples: u64, batch_size: u32, start_batch: u64) -> Plan {
+        Plan::new(PlanRequest {
+            num_samples,
+            batch_size,
+            seed: 0,
+            epoch: 0,
+            rank: 0,
+            world_size: 1,
+            worker: 0,
+            num_workers: 1,
+            start_sample: 0,
+            start_step: 0,
+            start_batch,
+            shuffle: false,
+            drop_last: false,
+            even_batches: false,
+        })
+        .expect("a valid plan")
+    }
+
     /// Samples this stream will serve, from start_batch on.
     pub fn remaining_samples(&self) -> u64 {
         (self.samples.len() - self.bounds[self.start_batch as usize]) as u64

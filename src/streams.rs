@@ -10,31 +10,27 @@ use crate::peer::Peer;
 use crate::sampler::Plan;
 use crate::tiers::memory::MemoryTier;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What a stream is, fixed when it opens.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct StreamSpec {
     /// The process that opened it, on the Unix socket (None over TCP).
     pub peer: Option<Peer>,
     pub dataset: String,
     /// The dataset's id (the memory tier's keys are (id, sample)).
     pub dataset_id: u32,
-    /// Its plan: the epoch's order and its batches. With `next_batch`, every sample the
-    /// stream will still ask for, in order (what a next-use eviction policy reads).
-    pub plan: Option<Arc<Plan>>,
+    /// Its plan: the epoch's order and its batches, the ones it serves being
+    /// `plan.start_batch..plan.num_batches`. With `next_batch`, every sample the stream will
+    /// still ask for, in order (what a next-use eviction policy reads).
+    pub plan: Arc<Plan>,
     pub batch_size: u32,
     pub seed: u64,
     pub epoch: u64,
     pub rank: u32,
     pub world_size: u32,
-    /// The batches of its plan it serves: `start_batch..num_batches`.
-    pub start_batch: u64,
-    pub num_batches: u64,
-    /// Samples it will look up this epoch.
-    pub samples: u64,
     /// Delivered in a shared-memory ring (else in the messages).
     pub shm: bool,
 }
@@ -89,8 +85,6 @@ pub struct Streams {
     metrics: Arc<Metrics>,
     next_id: AtomicU64,
     open: Mutex<BTreeMap<u64, Arc<StreamState>>>,
-    /// Samples per epoch of all open streams together.
-    samples: AtomicU64,
 }
 
 impl Streams {
@@ -100,23 +94,16 @@ impl Streams {
             metrics,
             next_id: AtomicU64::new(1),
             open: Mutex::new(BTreeMap::new()),
-            samples: AtomicU64::new(0),
         })
     }
 
     /// Registers a stream; it stays registered while the handle lives.
     pub fn open(self: &Arc<Self>, spec: StreamSpec) -> StreamHandle {
         let id = self.next_id.fetch_add(1, Relaxed);
-        {
-            // The sum and the hint together, so the last hint is the latest sum.
-            let _open = self.lock();
-            let total = self.samples.fetch_add(spec.samples, SeqCst) + spec.samples;
-            self.memory.set_streaming_samples(total);
-        }
         self.metrics.stream_opened();
         let state = Arc::new(StreamState {
             id,
-            next_batch: AtomicU64::new(spec.start_batch),
+            next_batch: AtomicU64::new(spec.plan.start_batch),
             spec,
             opened: Instant::now(),
             batches: AtomicU64::new(0),
@@ -124,11 +111,20 @@ impl Streams {
             bytes: AtomicU64::new(0),
             stall_nanos: AtomicU64::new(0),
         });
-        self.lock().insert(id, state.clone());
+        let mut open = self.lock();
+        open.insert(id, state.clone());
+        // Told under the lock, so the last hint is the latest sum.
+        self.memory.set_streaming_samples(samples_of(&open));
+        drop(open);
         StreamHandle {
             streams: self.clone(),
             state,
         }
+    }
+
+    /// Samples per epoch the open streams look up together.
+    pub fn streaming_samples(&self) -> u64 {
+        samples_of(&self.lock())
     }
 
     /// Every open stream, oldest first.
@@ -139,6 +135,11 @@ impl Streams {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<StreamState>>> {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Samples the streams `open` will look up this epoch, together.
+fn samples_of(open: &BTreeMap<u64, Arc<StreamState>>) -> u64 {
+    open.values().map(|s| s.spec.plan.remaining_samples()).sum()
 }
 
 impl StreamState {
@@ -193,10 +194,9 @@ impl StreamHandle {
 impl Drop for StreamHandle {
     fn drop(&mut self) {
         let streams = &self.streams;
-        streams.lock().remove(&self.state.id);
         // The memory tier keeps the staleness window of the last open: a closing stream is
         // usually followed by its next epoch.
-        streams.samples.fetch_sub(self.state.spec.samples, SeqCst);
+        streams.lock().remove(&self.state.id);
         streams.metrics.stream_closed();
         let s = self.state.snapshot();
         let (open, stalled) = (s.open.as_secs_f64(), s.stalled.as_secs_f64());
@@ -218,16 +218,22 @@ mod tests {
     fn a_stream_is_registered_while_its_handle_lives() {
         let metrics = Arc::new(Metrics::default());
         let streams = Streams::new(Arc::new(MemoryTier::new(1 << 20)), metrics.clone());
-        let spec = |dataset: &str, samples| StreamSpec {
+        // Batches of 10 from batch 2: `samples` left to look up.
+        let spec = |dataset: &str, samples: u64| StreamSpec {
+            peer: None,
             dataset: dataset.into(),
-            samples,
-            start_batch: 2,
-            num_batches: 10,
-            ..Default::default()
+            dataset_id: 0,
+            plan: Arc::new(Plan::sequential(samples + 20, 10, 2)),
+            batch_size: 10,
+            seed: 0,
+            epoch: 0,
+            rank: 0,
+            world_size: 1,
+            shm: false,
         };
         let a = streams.open(spec("a", 100));
         let b = streams.open(spec("b", 50));
-        assert_eq!(streams.samples.load(SeqCst), 150);
+        assert_eq!(streams.streaming_samples(), 150);
         a.record_batch(2, 8, 800);
         a.record_stall(Duration::from_millis(5));
         let open = streams.snapshot();
@@ -241,7 +247,7 @@ mod tests {
         drop(a);
         let open = streams.snapshot();
         assert_eq!((open.len(), open[0].spec.dataset.as_str()), (1, "b"));
-        assert_eq!(streams.samples.load(SeqCst), 50);
+        assert_eq!(streams.streaming_samples(), 50);
         drop(b);
         assert!(streams.snapshot().is_empty());
         assert_eq!(metrics.to_proto().active_streams, 0);

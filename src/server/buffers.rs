@@ -45,6 +45,16 @@ pub struct Held {
     counter: Arc<AtomicU64>,
 }
 
+impl Held {
+    fn new(counter: &Arc<AtomicU64>, bytes: u64) -> Held {
+        counter.fetch_add(bytes, Relaxed);
+        Held {
+            bytes,
+            counter: counter.clone(),
+        }
+    }
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         self.counter.fetch_sub(self.bytes, Relaxed);
@@ -56,27 +66,17 @@ struct Inner {
     spare: Mutex<VecDeque<(Vec<u8>, Instant)>>,
     /// Bytes (allocated capacity) of the spares.
     spare_bytes: AtomicU64,
-    /// Bytes (allocated capacity) of the pooled buffers out in batches now.
-    in_use_bytes: AtomicU64,
+    /// Bytes (allocated capacity) of the pooled buffers taken and not yet back.
+    in_use_bytes: Arc<AtomicU64>,
     /// Bytes the spares may take at most.
     keep_bytes: usize,
 }
 
-/// A pooled buffer while it holds a batch: gives itself back to the pool when the last
-/// `Bytes` of the batch is dropped.
-struct Lent {
-    data: Vec<u8>,
-    /// The bytes counted in `in_use_bytes` for it when it was taken.
-    counted: u64,
-    pool: Arc<Inner>,
-}
-
-/// A buffer from [`MessageBuffers::take`] being written: counted as in use from the start, and
-/// uncounted if it is dropped unfinished (a batch that failed half-way).
+/// A buffer from [`MessageBuffers::take`] being written: counted as in use from the start
+/// (`held`), and uncounted however it ends, finished or dropped half-way.
 pub struct Pooled {
     data: Vec<u8>,
-    counted: u64,
-    pool: Arc<Inner>,
+    held: Held,
 }
 
 impl std::ops::Deref for Pooled {
@@ -92,10 +92,12 @@ impl std::ops::DerefMut for Pooled {
     }
 }
 
-impl Drop for Pooled {
-    fn drop(&mut self) {
-        self.pool.in_use_bytes.fetch_sub(self.counted, Relaxed);
-    }
+/// A pooled buffer while it holds a batch: gives itself back to the pool when the last
+/// `Bytes` of the batch is dropped (and is uncounted as in use then, by its `held`).
+struct Lent {
+    data: Vec<u8>,
+    _held: Held,
+    pool: Arc<Inner>,
 }
 
 impl AsRef<[u8]> for Lent {
@@ -106,9 +108,7 @@ impl AsRef<[u8]> for Lent {
 
 impl Drop for Lent {
     fn drop(&mut self) {
-        let data = std::mem::take(&mut self.data);
-        self.pool.in_use_bytes.fetch_sub(self.counted, Relaxed);
-        self.pool.put_back(data);
+        self.pool.put_back(std::mem::take(&mut self.data));
     }
 }
 
@@ -129,7 +129,7 @@ impl MessageBuffers {
             inner: Arc::new(Inner {
                 spare: Mutex::new(VecDeque::new()),
                 spare_bytes: AtomicU64::new(0),
-                in_use_bytes: AtomicU64::new(0),
+                in_use_bytes: Arc::new(AtomicU64::new(0)),
                 keep_bytes,
             }),
             encoded: Arc::new(AtomicU64::new(0)),
@@ -139,16 +139,7 @@ impl MessageBuffers {
 
     /// Counts `bytes` of samples held by a batch being assembled, until the guard is dropped.
     pub fn hold_samples(&self, bytes: u64) -> Held {
-        self.assembling.fetch_add(bytes, Relaxed);
-        Held {
-            bytes,
-            counter: self.assembling.clone(),
-        }
-    }
-
-    /// Bytes of the samples batches being assembled hold.
-    pub fn assembling_bytes(&self) -> u64 {
-        self.assembling.load(Relaxed)
+        Held::new(&self.assembling, bytes)
     }
 
     /// The count of encoded messages not yet sent, for the servers' response bodies.
@@ -156,21 +147,15 @@ impl MessageBuffers {
         self.encoded.clone()
     }
 
-    /// Bytes of encoded messages not yet sent.
-    pub fn encoded_bytes(&self) -> u64 {
-        self.encoded.load(Relaxed)
-    }
-
     /// An empty buffer with room for `len` bytes: a spare of its size class (no page faults),
     /// else new memory. Write the batch into it and hand it to `finish`.
     pub fn take(&self, len: usize) -> Pooled {
-        let pooled = |data: Vec<u8>, counted: u64| Pooled {
-            data,
-            counted,
-            pool: self.inner.clone(),
-        };
         if len < POOLED_FROM {
-            return pooled(Vec::with_capacity(len), 0);
+            let held = Held::new(&self.inner.in_use_bytes, 0);
+            return Pooled {
+                data: Vec::with_capacity(len),
+                held,
+            };
         }
         let class = size_class(len);
         let reused = {
@@ -178,7 +163,7 @@ impl MessageBuffers {
             let at = spare.iter().position(|(b, _)| b.capacity() == class);
             at.and_then(|i| spare.remove(i)).map(|(b, _)| b)
         };
-        let buf = match reused {
+        let data = match reused {
             Some(b) => {
                 self.inner
                     .spare_bytes
@@ -187,22 +172,20 @@ impl MessageBuffers {
             }
             None => Vec::with_capacity(class),
         };
-        let counted = buf.capacity() as u64;
-        self.inner.in_use_bytes.fetch_add(counted, Relaxed);
-        pooled(buf, counted)
+        let held = Held::new(&self.inner.in_use_bytes, data.capacity() as u64);
+        Pooled { data, held }
     }
 
     /// The batch written into `buf` (from `take`), for a message; its buffer comes back when
     /// the last handle on the batch is dropped.
-    pub fn finish(&self, mut buf: Pooled) -> Bytes {
-        let data = std::mem::take(&mut buf.data);
-        let counted = std::mem::take(&mut buf.counted);
-        if counted == 0 {
+    pub fn finish(&self, buf: Pooled) -> Bytes {
+        let Pooled { data, held } = buf;
+        if held.bytes == 0 {
             return Bytes::from(data);
         }
         Bytes::from_owner(Lent {
             data,
-            counted,
+            _held: held,
             pool: self.inner.clone(),
         })
     }
@@ -226,6 +209,12 @@ impl MessageBuffers {
     /// Bytes the spares may take at most.
     pub fn keep_bytes(&self) -> usize {
         self.inner.keep_bytes
+    }
+
+    /// Bytes on their way to clients: pooled buffers in batches, the samples batches being
+    /// assembled hold, and encoded messages not yet sent.
+    pub fn in_flight(&self) -> u64 {
+        self.bytes().1 + self.assembling.load(Relaxed) + self.encoded.load(Relaxed)
     }
 
     /// Bytes of (spare, in batches now) pooled buffers.

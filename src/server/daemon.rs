@@ -97,7 +97,7 @@ impl Daemon {
             catalog.clone(),
             store.clone(),
             rings.clone(),
-            buffers,
+            buffers.clone(),
             streams,
             &config,
             shutdown_rx,
@@ -112,13 +112,19 @@ impl Daemon {
             let addr = listener.local_addr()?;
             tcp_addr = Some(addr);
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            servers.push(spawn_server(&service, incoming, &shutdown, "TCP"));
+            servers.push(spawn_server(&service, &buffers, incoming, &shutdown, "TCP"));
             tracing::info!(%addr, "listening on TCP");
         }
         if let Some(path) = &config.unix_socket {
             let listener = bind_unix(path, config.unix_socket_mode)?;
             let incoming = route_unix(listener, rings, shutdown.subscribe());
-            servers.push(spawn_server(&service, incoming, &shutdown, "Unix socket"));
+            servers.push(spawn_server(
+                &service,
+                &buffers,
+                incoming,
+                &shutdown,
+                "Unix socket",
+            ));
             tracing::info!(path = %path.display(), "listening on Unix socket");
         }
         Ok(Daemon {
@@ -167,9 +173,11 @@ impl Daemon {
     }
 }
 
-/// Serves `service` on the connections `incoming` yields until the daemon shuts down.
+/// Serves `service` on the connections `incoming` yields until the daemon shuts down, counting
+/// the encoded messages in flight in `buffers`.
 fn spawn_server<I, IO, IE>(
     service: &Service,
+    buffers: &MessageBuffers,
     incoming: I,
     shutdown: &Trigger,
     transport: &'static str,
@@ -186,7 +194,7 @@ where
     IE: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
 {
     // Encoded messages count in the daemon's memory until hyper has sent them.
-    let encoded = service.encoded_counter();
+    let encoded = buffers.encoded_counter();
     let count_sent = tower::util::MapResponseLayer::new(move |r: http::Response<Body>| {
         let encoded = encoded.clone();
         r.map(|body| Body::new(CountedBody::new(body, encoded)))

@@ -69,8 +69,7 @@ impl Service {
     pub fn stats(&self) -> Stats {
         let (mem, scratch) = self.store.stats();
         let (shm_rings, shm_bytes, shm_budget_bytes) = self.rings.snapshot();
-        let (spare, in_batches) = self.buffers.bytes();
-        let in_flight = in_batches + self.buffers.encoded_bytes() + self.buffers.assembling_bytes();
+        let (spare, in_flight) = (self.buffers.bytes().0, self.buffers.in_flight());
         let process = crate::alloc::footprint();
         let allocator_free = crate::alloc::free_bytes();
         Stats {
@@ -106,11 +105,6 @@ impl Service {
                 + crate::alloc::UNACCOUNTED_ALLOWANCE,
             ..self.store.metrics.to_proto()
         }
-    }
-
-    /// The count of encoded messages not yet sent (see `sent`).
-    pub fn encoded_counter(&self) -> Arc<std::sync::atomic::AtomicU64> {
-        self.buffers.encoded_counter()
     }
 
     fn dataset(&self, name: &str) -> Result<Arc<Dataset>, Status> {
@@ -366,15 +360,12 @@ impl Larder for Service {
             peer,
             dataset: ds.name.clone(),
             dataset_id: ds.id,
-            plan: Some(plan.clone()),
+            plan: plan.clone(),
             batch_size: req.batch_size,
             seed: req.seed,
             epoch: req.epoch,
             rank: req.rank,
             world_size: req.world_size,
-            start_batch: plan.start_batch,
-            num_batches: plan.num_batches,
-            samples: plan.remaining_samples(),
             shm: ring.is_some(),
         });
         let (tx, rx) = mpsc::channel(1);

@@ -466,7 +466,8 @@ pub struct MeteredStream {
 
 impl MeteredStream {
     pub fn new(rx: mpsc::Receiver<Result<Batch, Status>>, handle: StreamHandle) -> MeteredStream {
-        let (next_batch, num_batches) = (handle.spec().start_batch, handle.spec().num_batches);
+        let plan = &handle.spec().plan;
+        let (next_batch, num_batches) = (plan.start_batch, plan.num_batches);
         MeteredStream {
             rx,
             handle,
@@ -538,10 +539,16 @@ mod tests {
             Arc::new(Metrics::default()),
         );
         let handle = streams.open(crate::streams::StreamSpec {
+            peer: None,
             dataset: "test".into(),
-            start_batch: start,
-            num_batches: end,
-            ..Default::default()
+            dataset_id: 0,
+            plan: Arc::new(Plan::sequential(end, 1, start)),
+            batch_size: 1,
+            seed: 0,
+            epoch: 0,
+            rank: 0,
+            world_size: 1,
+            shm: false,
         });
         MeteredStream::new(rx, handle)
     }
