@@ -14,7 +14,7 @@ const PARROTS: &[u8] = include_bytes!("../tests/fixtures/parrots.jpg");
 
 /// The photo at 500x375, as a JPEG of quality 90.
 fn photo_500x375() -> Vec<u8> {
-    let p = decode(PARROTS, false, |_, _| None).unwrap();
+    let p = decode(PARROTS, false, u64::MAX, |_, _| None).unwrap();
     let big = resize_interleaved(
         &p.data,
         (p.width, p.height),
@@ -40,15 +40,15 @@ fn pipeline(c: &mut Criterion) {
     let mut g = c.benchmark_group("image");
     g.throughput(Throughput::Elements(1));
     g.bench_function("decode 500x375 JPEG (libjpeg-turbo)", |b| {
-        b.iter(|| black_box(decode(&jpeg, false, |_, _| None).unwrap()))
+        b.iter(|| black_box(decode(&jpeg, false, u64::MAX, |_, _| None).unwrap()))
     });
     g.bench_function("decode 500x375 JPEG at 1/2 (DCT scaling)", |b| {
-        b.iter(|| black_box(decode(&jpeg, false, |_, _| Some(180)).unwrap()))
+        b.iter(|| black_box(decode(&jpeg, false, u64::MAX, |_, _| Some(180)).unwrap()))
     });
     g.bench_function("decode 500x375 JPEG (image crate, before)", |b| {
         b.iter(|| black_box(image::load_from_memory(&jpeg).unwrap().to_rgb8()))
     });
-    let px = decode(&jpeg, false, |_, _| None).unwrap();
+    let px = decode(&jpeg, false, u64::MAX, |_, _| None).unwrap();
     g.bench_function("resize 500x375 -> 341x256 RGB (SIMD, antialiased)", |b| {
         b.iter(|| {
             black_box(

@@ -123,7 +123,7 @@ fn preprocess(c: &mut Criterion) {
     g.bench_function("jpeg 320x240 -> decode, resize 256", |b| {
         b.iter_batched(
             || vec![Value::new(vec![jpeg.len() as u32], jpeg.clone())],
-            |j| black_box(p.apply(j).unwrap()),
+            |j| black_box(p.apply(j, &Default::default()).unwrap()),
             BatchSize::SmallInput,
         )
     });

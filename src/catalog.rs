@@ -1,6 +1,7 @@
 //! The datasets the daemon serves, opened from the config.
 
-use crate::config::{DatasetConfig, OnError, TrainCrop};
+use crate::config::{DatasetConfig, Limits, OnError, TrainCrop};
+use crate::error::Kind;
 use crate::fields::Schema;
 use crate::fingerprint::fnv1a;
 use crate::pipeline::{Crop, Pipeline, Preprocess, Spatial};
@@ -25,6 +26,8 @@ pub struct Dataset {
     pub train: Option<Pipeline>,
     /// What a sample that fails to read or decode does to a stream.
     pub on_error: OnError,
+    /// What one sample may cost (pixels, bytes); over them it is a bad sample.
+    pub limits: Limits,
     /// Samples that failed to read or decode (skipped), by index: why, the file named.
     bad: Mutex<BTreeMap<u64, String>>,
 }
@@ -54,6 +57,7 @@ impl Dataset {
             eval: None,
             train: None,
             on_error: OnError::Skip,
+            limits: Limits::default(),
             bad: Mutex::new(BTreeMap::new()),
         }
     }
@@ -143,18 +147,39 @@ impl Dataset {
         self.len() == 0
     }
 
-    /// Preprocesses the raw fields of sample `index` into its record (blocking).
+    /// Preprocesses the raw fields of sample `index` into its record (blocking). A sample
+    /// whose files or record are over `limits.max_sample_bytes` is an error (a bad sample).
     pub fn prepare(&self, index: u64, raw: RawSample) -> Result<Vec<u8>> {
-        self.preprocess
-            .apply(raw)
-            .and_then(|values| self.schema.encode(&values))
-            .with_context(|| {
-                format!(
-                    "preprocessing {} of dataset {:?}",
-                    self.source.sample_name(index),
-                    self.name
-                )
-            })
+        let max = self.limits.max_sample_bytes;
+        (|| {
+            let read: u64 = raw.iter().map(|v| v.data.len() as u64).sum();
+            ensure!(
+                read <= max,
+                "its files take {read} bytes, over the {max} a sample may (limits.max_sample_bytes)"
+            );
+            let values = self.preprocess.apply(raw, &self.limits)?;
+            let record = self.schema.encode(&values)?;
+            ensure!(
+                record.len() as u64 <= max,
+                "it takes {} bytes once decoded, over the {max} a sample may (limits.max_sample_bytes)",
+                record.len()
+            );
+            Ok(record)
+        })()
+        .with_context(|| {
+            format!(
+                "preprocessing {} of dataset {:?}",
+                self.source.sample_name(index),
+                self.name
+            )
+        })
+    }
+
+    /// Whether a sample that failed with `e` is skipped (else the stream fails): under
+    /// `on_error = "skip"`, unless the dataset's files changed under the daemon (then no
+    /// sample is to blame, and the stream says so).
+    pub fn skips(&self, e: &anyhow::Error) -> bool {
+        self.on_error == OnError::Skip && crate::error::Error::kind_of(e) != Kind::Changed
     }
 
     /// Bytes of a record: exact when every field is fixed, else the raw data's average size
@@ -197,19 +222,34 @@ impl Dataset {
 
 #[derive(Default)]
 pub struct Catalog {
+    /// The datasets served, by name.
     datasets: BTreeMap<String, Arc<Dataset>>,
+    /// The datasets of the config that did not open, by name: why (the others are served).
+    failed: BTreeMap<String, String>,
 }
 
 impl Catalog {
-    /// Opens every dataset (an error names the one that failed).
-    pub fn open(configs: &[DatasetConfig]) -> Result<Catalog> {
+    /// Opens every dataset. One that fails to open (a missing or truncated file, a field of
+    /// a type larder does not serve) is logged and left out, with why, and the others served:
+    /// one bad entry does not take the daemon from everyone.
+    pub fn open(configs: &[DatasetConfig], limits: Limits) -> Catalog {
         let mut catalog = Catalog::default();
         for (id, c) in configs.iter().enumerate() {
-            let dataset = open_dataset(id as u32, c)
-                .with_context(|| format!("opening dataset {:?}", c.name))?;
-            catalog.add(dataset);
+            match open_dataset(id as u32, c, limits) {
+                Ok(dataset) => catalog.add(dataset),
+                Err(e) => {
+                    let why = format!("{e:#}");
+                    tracing::error!(dataset = %c.name, "not serving the dataset: it does not open: {why}");
+                    catalog.failed.insert(c.name.clone(), why);
+                }
+            }
         }
-        Ok(catalog)
+        catalog
+    }
+
+    /// Why dataset `name` of the config is not served, if it did not open.
+    pub fn failed(&self, name: &str) -> Option<&str> {
+        self.failed.get(name).map(String::as_str)
     }
 
     pub fn add(&mut self, dataset: Dataset) {
@@ -230,10 +270,11 @@ impl Catalog {
     }
 }
 
-fn open_dataset(id: u32, c: &DatasetConfig) -> Result<Dataset> {
-    let opened = crate::source::open(c)?;
+fn open_dataset(id: u32, c: &DatasetConfig, limits: Limits) -> Result<Dataset> {
+    let opened = crate::source::open(c, &limits)?;
     let mut dataset = Dataset::new(id, &c.name, opened.source, opened.preprocess, opened.schema);
     dataset.on_error = c.on_error;
+    dataset.limits = limits;
     let (eval, train) = pipelines(c, &dataset.schema)?;
     dataset.with_pipelines(eval, train)
 }

@@ -26,6 +26,8 @@ pub struct Config {
     pub scratch: ScratchConfig,
     #[serde(default)]
     pub shm: ShmConfig,
+    #[serde(default)]
+    pub limits: Limits,
     /// Threads that read raw samples and preprocess them. Default: the number of CPUs.
     #[serde(default)]
     pub preprocess_workers: Option<usize>,
@@ -103,6 +105,51 @@ impl Default for ScratchConfig {
             enabled: true,
         }
     }
+}
+
+/// What one sample may cost, whatever its files say: a sample over a limit is a bad sample
+/// (skipped, or the stream's error under `on_error = "fail"`), never decoded whole and never
+/// kept in a tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Most pixels (width x height, from the file's header, before any decoding) an image may
+    /// have. Default 89,478,485, Pillow's `Image.MAX_IMAGE_PIXELS` (a 0.25 GiB RGB image):
+    /// a 776-byte JPEG can claim 30000 x 30000.
+    #[serde(default = "default_max_image_pixels")]
+    pub max_image_pixels: u64,
+    /// Most bytes one sample may take: its raw files as read, and its record as kept in the
+    /// tiers. Default 64 MiB (a 3 x 4096 x 4096 uint8 image is 48 MiB).
+    #[serde(default = "default_max_sample_bytes")]
+    pub max_sample_bytes: u64,
+    /// Most bytes one batch may take in a gRPC message. A request whose fixed-size batches
+    /// would be larger is refused at once; a batch that grows over it through variable-length
+    /// fields ends its stream with INVALID_ARGUMENT (ask for a smaller batch_size). Default
+    /// 256 MiB.
+    #[serde(default = "default_max_batch_bytes")]
+    pub max_batch_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_image_pixels: default_max_image_pixels(),
+            max_sample_bytes: default_max_sample_bytes(),
+            max_batch_bytes: default_max_batch_bytes(),
+        }
+    }
+}
+
+fn default_max_image_pixels() -> u64 {
+    89_478_485
+}
+
+fn default_max_sample_bytes() -> u64 {
+    64 << 20
+}
+
+fn default_max_batch_bytes() -> u64 {
+    256 << 20
 }
 
 /// Shared-memory rings: batches for clients on the Unix socket, written into memory they map.

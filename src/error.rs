@@ -25,6 +25,9 @@ pub enum Kind {
     Exhausted,
     /// A raw file does not read or decode, and the dataset fails on bad files (DATA_LOSS).
     SourceIo,
+    /// A dataset's files changed since the daemon opened it (truncated, rewritten, replaced):
+    /// nothing is served from them until it is reopened (FAILED_PRECONDITION).
+    Changed,
     /// The daemon is shutting down: reconnect and resume (UNAVAILABLE).
     ShuttingDown,
     /// Anything else: a failure the daemon did not expect (INTERNAL).
@@ -37,7 +40,7 @@ impl Kind {
         match self {
             Kind::UnknownDataset => Code::NotFound,
             Kind::BadRequest => Code::InvalidArgument,
-            Kind::Precondition | Kind::NoScratch => Code::FailedPrecondition,
+            Kind::Precondition | Kind::NoScratch | Kind::Changed => Code::FailedPrecondition,
             Kind::Denied => Code::PermissionDenied,
             Kind::Exhausted => Code::ResourceExhausted,
             Kind::SourceIo => Code::DataLoss,

@@ -325,7 +325,10 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
                 let (path, label) = &files[id as usize];
                 let file = std::fs::read(path).unwrap();
                 let kept = p
-                    .apply(vec![Value::new(vec![file.len() as u32], file)])
+                    .apply(
+                        vec![Value::new(vec![file.len() as u32], file)],
+                        &Default::default(),
+                    )
                     .unwrap();
                 let dims = &kept[0].dims;
                 if epoch == 0 {

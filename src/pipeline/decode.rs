@@ -24,15 +24,37 @@ pub struct Pixels {
 /// H) from its header: the shorter side the caller will shrink the image to, if it will; a JPEG
 /// may then be decoded at 1/2, 1/4 or 1/8 of its size (DCT-domain scaling, much cheaper than
 /// decoding whole) as long as its shorter side stays at least that long. None: full size.
+///
+/// An image whose header claims more than `max_pixels` pixels is refused before anything is
+/// decoded (a few hundred bytes can claim 30000 x 30000), like Pillow's decompression-bomb
+/// check; so is a JPEG that libjpeg-turbo finds corrupt past a warning that leaves the image
+/// whole (its header promises more data than the file has: the rest would come out grey).
 pub fn decode(
     encoded: &[u8],
     grey: bool,
+    max_pixels: u64,
     at_least: impl FnOnce(u32, u32) -> Option<u32>,
 ) -> Result<Pixels> {
     if encoded.starts_with(&[0xFF, 0xD8]) {
-        return decode_jpeg(encoded, grey, at_least);
+        return decode_jpeg(encoded, grey, max_pixels, at_least);
     }
-    let img = image::load_from_memory(encoded).context("not a JPEG, and not a PNG that decodes")?;
+    let reader = || {
+        image::ImageReader::new(std::io::Cursor::new(encoded))
+            .with_guessed_format()
+            .context("reading the image's header")
+    };
+    let (w, h) = reader()?
+        .into_dimensions()
+        .context("not a JPEG, and not a PNG that decodes")?;
+    check_pixels(w, h, max_pixels)?;
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(w);
+    limits.max_image_height = Some(h);
+    let mut reader = reader()?;
+    reader.limits(limits);
+    let img = reader
+        .decode()
+        .context("not a JPEG, and not a PNG that decodes")?;
     let (width, height) = (img.width(), img.height());
     Ok(if grey {
         Pixels {
@@ -49,6 +71,17 @@ pub fn decode(
             data: img.into_rgb8().into_raw(),
         }
     })
+}
+
+/// Refuses an image of `w` x `h` over `max_pixels` (limits.max_image_pixels).
+pub fn check_pixels(w: u32, h: u32, max_pixels: u64) -> Result<()> {
+    let pixels = w as u64 * h as u64;
+    ensure!(
+        pixels <= max_pixels,
+        "the image claims {w} x {h} = {pixels} pixels, over the {max_pixels} an image may have \
+         (limits.max_image_pixels; a decompression bomb, or a lying header)"
+    );
+    Ok(())
 }
 
 /// A TurboJPEG decompressor, one per thread (creating one costs more than a small decode).
@@ -71,9 +104,10 @@ const DCT_SCALES: [u32; 4] = [8, 4, 2, 1];
 fn decode_jpeg(
     encoded: &[u8],
     grey: bool,
+    max_pixels: u64,
     at_least: impl FnOnce(u32, u32) -> Option<u32>,
 ) -> Result<Pixels> {
-    with_decompressor(|h| decode_jpeg_with(h, encoded, grey, at_least))
+    with_decompressor(|h| decode_jpeg_with(h, encoded, grey, max_pixels, at_least))
 }
 
 fn with_decompressor<T>(f: impl FnOnce(raw::tjhandle) -> Result<T>) -> Result<T> {
@@ -120,9 +154,11 @@ fn decode_jpeg_with(
     h: raw::tjhandle,
     encoded: &[u8],
     grey: bool,
+    max_pixels: u64,
     at_least: impl FnOnce(u32, u32) -> Option<u32>,
 ) -> Result<Pixels> {
     let ((w, hgt), colorspace) = jpeg_header(h, encoded)?;
+    check_pixels(w, hgt, max_pixels)?;
     let len = encoded.len() as libc::c_ulong;
     // The largest DCT reduction that keeps the shorter side at least `at_least`.
     let denom = match at_least(w, hgt) {
@@ -141,8 +177,8 @@ fn decode_jpeg_with(
     } else {
         (raw::TJPF_TJPF_RGB, 3)
     };
-    let mut data = vec![0u8; sw as usize * sh as usize * channels];
-    // SAFETY: `data` holds sh rows of sw pixels of `channels` bytes, the pitch given.
+    let mut data = vec![0u8; sw as usize * sh as usize * channels]; // within max_pixels
+                                                                    // SAFETY: `data` holds sh rows of sw pixels of `channels` bytes, the pitch given.
     let rc = unsafe {
         raw::tjDecompress2(
             h,
@@ -153,16 +189,19 @@ fn decode_jpeg_with(
             (sw as usize * channels) as i32,
             sh as i32,
             format,
-            0,
+            // A progressive JPEG of thousands of tiny scans takes minutes: refused.
+            raw::TJFLAG_LIMITSCANS as i32,
         )
     };
     if rc != 0 {
         let message = error(h);
         // SAFETY: a valid handle.
         let fatal = unsafe { raw::tjGetErrorCode(h) } != raw::TJERR_TJERR_WARNING as i32;
-        // A warning leaves the image decoded, but a file that ends early is missing rows (the
-        // rest comes out grey): torchvision refuses it too ("image file is truncated").
-        if fatal || message.contains("Premature end") {
+        // A warning leaves the image decoded, but a file that ends early, or whose header
+        // claims more rows than its data holds ("Corrupt JPEG data: premature end of data
+        // segment"), is missing rows (the rest comes out grey): torchvision refuses it too
+        // ("image file is truncated"). Other warnings (extraneous bytes) leave it whole.
+        if fatal || message.to_ascii_lowercase().contains("premature end") {
             bail!("JPEG does not decode whole: {message}");
         }
     }
@@ -277,11 +316,11 @@ mod tests {
     #[test]
     fn jpegs_decode_to_rgb_close_to_their_pixels() {
         let px = gradient(64, 48);
-        let p = decode(&jpeg(64, 48, &px, 3), false, |_, _| None).unwrap();
+        let p = decode(&jpeg(64, 48, &px, 3), false, u64::MAX, |_, _| None).unwrap();
         assert_eq!((p.width, p.height, p.channels), (64, 48, 3));
         let worst = p.data.iter().zip(&px).map(|(a, b)| a.abs_diff(*b)).max();
         assert!(worst.unwrap() <= 8, "{worst:?}");
-        let g = decode(&jpeg(64, 48, &px, 3), true, |_, _| None).unwrap();
+        let g = decode(&jpeg(64, 48, &px, 3), true, u64::MAX, |_, _| None).unwrap();
         assert_eq!((g.channels, g.data.len()), (1, 64 * 48));
     }
 
@@ -297,7 +336,7 @@ mod tests {
             (6, (8, 6)),
             (2, (8, 6)),
         ] {
-            let p = decode(&file, false, |_, _| Some(target)).unwrap();
+            let p = decode(&file, false, u64::MAX, |_, _| Some(target)).unwrap();
             assert_eq!((p.width, p.height), size, "target {target}");
         }
     }
@@ -305,7 +344,7 @@ mod tests {
     #[test]
     fn grey_jpegs_become_three_equal_channels() {
         let px: Vec<u8> = (0..32 * 16).map(|i| (i % 200) as u8).collect();
-        let p = decode(&jpeg(32, 16, &px, 1), false, |_, _| None).unwrap();
+        let p = decode(&jpeg(32, 16, &px, 1), false, u64::MAX, |_, _| None).unwrap();
         assert_eq!(p.channels, 3);
         assert!(p.data.chunks_exact(3).all(|c| c[0] == c[1] && c[1] == c[2]));
     }
@@ -313,15 +352,15 @@ mod tests {
     #[test]
     fn truncated_and_garbage_files_are_errors() {
         let file = jpeg(64, 48, &gradient(64, 48), 3);
-        let err = decode(&file[..file.len() / 2], false, |_, _| None).unwrap_err();
+        let err = decode(&file[..file.len() / 2], false, u64::MAX, |_, _| None).unwrap_err();
         assert!(
             format!("{err:#}").contains("does not decode whole"),
             "{err:#}"
         );
         let mut png_head = b"\x89PNG\r\n\x1a\n".to_vec();
         png_head.extend_from_slice(&[7; 100]);
-        assert!(decode(&png_head, false, |_, _| None).is_err());
-        assert!(decode(b"\xFF\xD8 not really", false, |_, _| None).is_err());
+        assert!(decode(&png_head, false, u64::MAX, |_, _| None).is_err());
+        assert!(decode(b"\xFF\xD8 not really", false, u64::MAX, |_, _| None).is_err());
     }
 
     #[test]

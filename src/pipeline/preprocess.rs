@@ -5,7 +5,7 @@
 
 use super::decode;
 use super::planes::{resize_interleaved, to_planes};
-use crate::config::ImageMode;
+use crate::config::{ImageMode, Limits};
 use crate::fields::{DType, FieldSpec, RawSample, Resample, Value};
 use anyhow::{bail, ensure, Context, Result};
 use image::GrayImage;
@@ -110,15 +110,17 @@ impl Preprocess {
         format!("{self:?} decoder libjpeg-turbo 2")
     }
 
-    pub fn apply(&self, raw: RawSample) -> Result<Vec<Value>> {
+    /// The sample's values from its raw fields; an image over `limits.max_image_pixels` is
+    /// refused from its header, before it is decoded.
+    pub fn apply(&self, raw: RawSample, limits: &Limits) -> Result<Vec<Value>> {
         match self {
             Preprocess::Identity => Ok(raw),
-            Preprocess::Images { ops, resize } => images(ops, resize, raw),
+            Preprocess::Images { ops, resize } => images(ops, resize, raw, limits),
         }
     }
 }
 
-fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample) -> Result<Vec<Value>> {
+fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample, limits: &Limits) -> Result<Vec<Value>> {
     ensure!(
         raw.len() == ops.len(),
         "{} raw fields for {} ops",
@@ -140,10 +142,11 @@ fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample) -> Result<Vec<Value>
         };
         let s = *scale;
         let decoded = (|| -> Result<Value> {
+            let max_pixels = limits.max_image_pixels;
             if *mode == ImageMode::Index {
-                let ids = decode_index(&value.data)?;
+                let ids = decode_index(&value.data, max_pixels)?;
                 let size = *kept.get_or_insert_with(|| resize.size(ids.dimensions()));
-                let (w, h) = (size.0 * s, size.1 * s);
+                let (w, h) = scaled(size, s)?;
                 let px = resize_interleaved(ids.as_raw(), ids.dimensions(), 1, (w, h), *resample)?;
                 return Ok(Value::new(vec![h, w], px));
             }
@@ -153,13 +156,14 @@ fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample) -> Result<Vec<Value>
             let known = kept;
             let at_least = |w, h| {
                 let (w, h) = known.unwrap_or_else(|| resize.size((w, h)));
-                (resize.shorter > 0).then_some((w * s).min(h * s))
+                (resize.shorter > 0).then_some(w.saturating_mul(s).min(h.saturating_mul(s)))
             };
-            let px = decode::decode(&value.data, grey, at_least)?;
+            let px = decode::decode(&value.data, grey, max_pixels, at_least)?;
             let (w, h) = (px.width, px.height);
             ensure!(w > 0 && h > 0, "image is empty");
             let size = *kept.get_or_insert_with(|| resize.size((w, h)));
-            let (nw, nh) = (size.0 * s, size.1 * s);
+            let (nw, nh) = scaled(size, s)?;
+            decode::check_pixels(nw, nh, max_pixels).context("resized to its pair's scale")?;
             let rgb = resize_interleaved(&px.data, (w, h), px.channels, (nw, nh), *resample)?;
             let c = px.channels;
             Ok(Value::new(vec![c, nh, nw], to_planes(&rgb, c as usize)))
@@ -170,9 +174,17 @@ fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample) -> Result<Vec<Value>
     Ok(out)
 }
 
+/// (W, H) times `scale`, checked: a paired field's size.
+fn scaled((w, h): (u32, u32), scale: u32) -> Result<(u32, u32)> {
+    match (w.checked_mul(scale), h.checked_mul(scale)) {
+        (Some(w), Some(h)) => Ok((w, h)),
+        _ => bail!("{w} x {h} at scale {scale} is too large"),
+    }
+}
+
 /// A mask's class ids: the palette indices of a palette PNG, or the values of an 8-bit (or
 /// narrower) greyscale PNG. Never converted through colour.
-fn decode_index(encoded: &[u8]) -> Result<GrayImage> {
+fn decode_index(encoded: &[u8], max_pixels: u64) -> Result<GrayImage> {
     ensure!(
         encoded.starts_with(b"\x89PNG"),
         "index masks must be PNG files (palette or greyscale); JPEG would blend class ids"
@@ -180,6 +192,7 @@ fn decode_index(encoded: &[u8]) -> Result<GrayImage> {
     let mut decoder = png::Decoder::new(std::io::Cursor::new(encoded));
     decoder.set_transformations(png::Transformations::IDENTITY);
     let mut reader = decoder.read_info()?;
+    decode::check_pixels(reader.info().width, reader.info().height, max_pixels)?;
     let mut buf = vec![0; reader.output_buffer_size().context("PNG too large")?];
     let info = reader.next_frame(&mut buf)?;
     match info.color_type {
@@ -192,7 +205,7 @@ fn decode_index(encoded: &[u8]) -> Result<GrayImage> {
         "index masks of {depth} bits per pixel are not supported (at most 8)"
     );
     let (w, h) = (info.width, info.height);
-    let mut ids = Vec::with_capacity((w * h) as usize);
+    let mut ids = Vec::with_capacity(w as usize * h as usize);
     for row in buf.chunks(info.line_size).take(h as usize) {
         if depth == 8 {
             ids.extend_from_slice(&row[..w as usize]);
@@ -281,13 +294,17 @@ mod tests {
         };
         let mut input = raw(&[file]);
         input.push(Value::int64(4));
-        let out = p.apply(input.clone()).unwrap();
+        let out = p.apply(input.clone(), &Limits::default()).unwrap();
         assert_eq!(out[0].dims, vec![3, 10, 20]);
         assert_eq!(out[1], Value::int64(4));
         let (r, b) = (&out[0].data[0..200], &out[0].data[400..600]);
         assert_eq!((r[0], b[0]), (255, 0), "top-left is red");
         assert_eq!((r[19], b[19]), (0, 255), "top-right is blue");
-        assert_eq!(out, p.apply(input).unwrap(), "deterministic");
+        assert_eq!(
+            out,
+            p.apply(input, &Limits::default()).unwrap(),
+            "deterministic"
+        );
         assert_eq!(
             FieldOp::rgb().field("image", &shorter(256)).shape,
             vec![Some(3), None, None]
@@ -317,7 +334,7 @@ mod tests {
             ops: vec![FieldOp::rgb(), index.clone()],
             resize: shorter(2),
         };
-        let out = p.apply(raw(&[image, mask])).unwrap();
+        let out = p.apply(raw(&[image, mask]), &Limits::default()).unwrap();
         assert_eq!(out[1].dims, vec![2, 4]);
         assert!(
             out[1].data.iter().all(|&v| v <= 2),
@@ -330,12 +347,15 @@ mod tests {
             resize: shorter(0),
         };
         assert_eq!(
-            p.apply(raw(&[palette_png(8, 4, &ids)])).unwrap()[0].data,
+            p.apply(raw(&[palette_png(8, 4, &ids)]), &Limits::default())
+                .unwrap()[0]
+                .data,
             ids
         );
         let err = format!(
             "{:#}",
-            p.apply(raw(&[png(2, 2, |_, _| [0, 0, 0])])).unwrap_err()
+            p.apply(raw(&[png(2, 2, |_, _| [0, 0, 0])]), &Limits::default())
+                .unwrap_err()
         );
         assert!(err.contains("palette or greyscale"), "{err}");
     }
@@ -355,7 +375,7 @@ mod tests {
             ],
             resize: shorter(0),
         };
-        let out = p.apply(raw(&[lr, hr])).unwrap();
+        let out = p.apply(raw(&[lr, hr]), &Limits::default()).unwrap();
         assert_eq!(out[0].dims, vec![3, 4, 8]);
         assert_eq!(out[1].dims, vec![3, 8, 16]);
         assert_eq!(&out[1].data[..4], &[0, 1, 2, 3]);
@@ -369,7 +389,8 @@ mod tests {
         };
         let err = format!(
             "{:#}",
-            p.apply(raw(&[b"not an image".to_vec()])).unwrap_err()
+            p.apply(raw(&[b"not an image".to_vec()]), &Limits::default())
+                .unwrap_err()
         );
         assert!(err.contains("decoding image"), "{err}");
     }

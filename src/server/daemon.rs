@@ -40,7 +40,7 @@ pub struct Daemon {
 impl Daemon {
     /// Opens the datasets and starts serving.
     pub async fn start(config: Config) -> Result<Daemon> {
-        let catalog = Catalog::open(&config.datasets)?;
+        let catalog = Catalog::open(&config.datasets, config.limits);
         Daemon::start_with_catalog(config, catalog).await
     }
 

@@ -16,4 +16,3 @@ mod stream;
 
 pub use daemon::Daemon;
 pub use service::Service;
-pub use stream::MAX_BATCH_BYTES;

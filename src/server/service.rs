@@ -5,7 +5,7 @@ use super::buffers::MessageBuffers;
 use super::layout::slot_offsets;
 use super::shm::{Peer, Ring, Rings};
 use super::shutdown::{shutting_down, Shutdown};
-use super::stream::{MeteredStream, Producer, Selection, MAX_BATCH_BYTES};
+use super::stream::{MeteredStream, Producer, Selection};
 use crate::catalog::{Catalog, Dataset, PipelineKind};
 use crate::config::Config;
 use crate::error::{bad_request, precondition, quote, Error, Kind};
@@ -107,8 +107,29 @@ impl Service {
         }
     }
 
+    /// The dataset a request names, if it is served and its files are as opened.
     fn dataset(&self, name: &str) -> Result<Arc<Dataset>, Status> {
+        let ds = self.named(name)?;
+        if let Some(why) = ds.source.changed() {
+            return Err(
+                Error::new(Kind::Changed, format!("dataset {}: {why}", quote(name))).into(),
+            );
+        }
+        Ok(ds)
+    }
+
+    fn named(&self, name: &str) -> Result<Arc<Dataset>, Status> {
         self.catalog.get(name).ok_or_else(|| {
+            if let Some(why) = self.catalog.failed(name) {
+                return Error::new(
+                    Kind::Precondition,
+                    format!(
+                        "dataset {} did not open, so it is not served: {why}",
+                        quote(name)
+                    ),
+                )
+                .into();
+            }
             Error::new(
                 Kind::UnknownDataset,
                 format!(
@@ -196,9 +217,10 @@ impl Service {
             .map(|&f| ds.served.fields[f].fixed_bytes())
             .sum();
         let batch_bytes = req.batch_size as u64 * fixed.unwrap_or(0);
-        if batch_bytes > MAX_BATCH_BYTES {
+        let max = ds.limits.max_batch_bytes;
+        if batch_bytes > max {
             return Err(bad_request(format!(
-                "batch_size {} makes batches of {batch_bytes} bytes; the limit is {MAX_BATCH_BYTES}",
+                "batch_size {} makes batches of {batch_bytes} bytes; the limit is {max} (limits.max_batch_bytes)",
                 req.batch_size
             )));
         }
@@ -243,7 +265,7 @@ impl Larder for Service {
         let datasets: Vec<Arc<Dataset>> = if name.is_empty() {
             self.catalog.iter().cloned().collect()
         } else {
-            vec![self.dataset(&name)?]
+            vec![self.named(&name)?]
         };
         let samples = datasets
             .iter()

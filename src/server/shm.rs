@@ -139,15 +139,23 @@ impl Rings {
         if slot_bytes == 0 {
             return Err(Refusal::BadRequest("slots of 0 bytes".into()));
         }
-        let slot_bytes = slot_bytes.div_ceil(4096) * 4096;
-        let size = slot_bytes
-            .checked_mul(slots as u64)
-            .and_then(|s| s.checked_add(HEADER_BYTES))
-            .ok_or_else(|| Refusal::BadRequest("ring size overflows".into()))?;
+        // Whole pages, in checked arithmetic: a client picks both numbers.
+        let size = ring_bytes(slots, slot_bytes).filter(|&s| s <= self.budget);
+        let Some(size) = size else {
+            return Err(Refusal::Exhausted(format!(
+                "a ring of {slots} slots of {slot_bytes} bytes is larger than the daemon's {} \
+                 bytes for shared memory (shm.budget_bytes)",
+                self.budget
+            )));
+        };
+        let slot_bytes = (size - HEADER_BYTES) / slots as u64;
         // Reserve the bytes, or say how far over the budget this would go.
         let mut used = self.used.load(Ordering::Relaxed);
         loop {
-            if used + size > self.budget {
+            if used
+                .checked_add(size)
+                .is_none_or(|total| total > self.budget)
+            {
                 return Err(Refusal::Exhausted(format!(
                     "a ring of {slots} slots of {slot_bytes} bytes ({size} bytes) does not fit: \
                      rings take {used} of the daemon's {} bytes for shared memory (shm.budget_bytes)",
@@ -250,11 +258,21 @@ impl Rings {
     }
 }
 
+/// Bytes of a ring of `slots` slots of at least `slot_bytes` each, rounded up to whole pages;
+/// None when that does not fit in a u64.
+fn ring_bytes(slots: u32, slot_bytes: u64) -> Option<u64> {
+    slot_bytes
+        .checked_next_multiple_of(4096)?
+        .checked_mul(slots as u64)?
+        .checked_add(HEADER_BYTES)
+}
+
 /// Whether a new Unix-socket connection asks for a ring (else it is gRPC). Waits for its first
 /// bytes; errors when it closes or stays silent.
 pub async fn is_ring_request(stream: &UnixStream) -> io::Result<bool> {
     let peek = async {
         let mut buf = [0u8; 8];
+        let mut wait = Duration::from_millis(1);
         loop {
             stream.readable().await?;
             let n = match stream.try_io(Interest::READABLE, || peek(stream.as_raw_fd(), &mut buf)) {
@@ -271,8 +289,15 @@ pub async fn is_ring_request(stream: &UnixStream) -> io::Result<bool> {
             if n == MAGIC.len() {
                 return Ok(true);
             }
-            // A prefix of the magic so far: wait for the rest.
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            // A prefix of the magic so far. Peeking leaves it queued, so the socket stays
+            // readable and a close behind it is never read: ask the kernel whether the peer
+            // hung up, and wait for the rest of the magic ever longer (a client sends the
+            // request in one write; only a slow or hostile one gets here).
+            if hung_up(stream.as_raw_fd()) {
+                return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_millis(200));
         }
     };
     tokio::time::timeout(HELLO_TIMEOUT, peek)
@@ -501,6 +526,18 @@ async fn send_with_fd(stream: &UnixStream, data: &[u8], fd: RawFd) -> io::Result
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Whether the peer of `sock` has closed its end (or the connection is gone).
+fn hung_up(sock: RawFd) -> bool {
+    let mut fd = libc::pollfd {
+        fd: sock,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, valid for the call; a zero timeout never blocks.
+    let n = unsafe { libc::poll(&mut fd, 1, 0) };
+    n > 0 && fd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
 fn peek(sock: RawFd, buf: &mut [u8]) -> io::Result<usize> {

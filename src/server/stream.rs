@@ -25,9 +25,6 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 use tonic::Status;
 
-/// Largest batch, in bytes, one message may carry.
-pub const MAX_BATCH_BYTES: u64 = 256 << 20;
-
 /// What a stream serves of each sample.
 #[derive(Debug, Clone)]
 pub struct Selection {
@@ -413,12 +410,13 @@ fn pack_batch(
         m.record_shm(slot.is_some());
     }
     let message_bytes: usize = fields.iter().map(|(_, _, l)| l.bytes).sum();
-    if slot.is_none() && message_bytes as u64 > MAX_BATCH_BYTES {
+    let max = ds.limits.max_batch_bytes;
+    if slot.is_none() && message_bytes as u64 > max {
         // The client's choice: a batch this large cannot go in one message.
         return Err(Error::new(
             Kind::BadRequest,
             format!(
-                "batch {b} of {:?} takes {message_bytes} bytes, over the {MAX_BATCH_BYTES} one message may carry: ask for a smaller batch_size",
+                "batch {b} of {:?} takes {message_bytes} bytes, over the {max} one message may carry (limits.max_batch_bytes): ask for a smaller batch_size",
                 ds.name
             ),
         )

@@ -1,7 +1,7 @@
 //! HDF5 files: each field is an HDF5 dataset [N, ...] of any numeric type, or a variable-length
 //! one-dimensional dataset [N] (clips of different lengths), read as stored.
 
-use super::{file_version, Opened, RawSample, RawSource};
+use super::{file_version, Opened, RawSample, RawSource, Stamp};
 use crate::config::{DatasetConfig, FieldConfig};
 use crate::fields::{DType, FieldSpec, Pairing, Schema, Value};
 use crate::pipeline::Preprocess;
@@ -41,6 +41,8 @@ pub struct Hdf5Source {
     len: u64,
     disk_bytes: u64,
     granule: u64,
+    /// The file as opened: reads from a file that no longer has it are refused.
+    stamp: Stamp,
 }
 
 /// Bytes of a contiguous HDF5 dataset read together on a miss.
@@ -74,6 +76,8 @@ impl Hdf5Source {
         // (many NFS and Lustre mounts) the lock fails every open, and one held by any process
         // that has the file open (or inherited its descriptor) would keep the dataset from
         // being served. A rewritten file changes size or mtime, which the scratch tier notices.
+        let stamp =
+            Stamp::of(path).with_context(|| format!("opening HDF5 file {}", path.display()))?;
         let file = hdf5::File::with_options()
             .with_fapl(|p| p.file_locking(false))
             .open(path)
@@ -118,6 +122,7 @@ impl Hdf5Source {
             len,
             disk_bytes,
             granule,
+            stamp,
         })
     }
 
@@ -145,6 +150,7 @@ impl RawSource for Hdf5Source {
         for f in &self.fields {
             let values = f
                 .read(start as usize, (start + count) as usize)
+                .map_err(|e| self.changed().map_or(e, changed_error))
                 .with_context(|| {
                     format!(
                         "reading samples {start}..{} of {}#{}",
@@ -156,6 +162,11 @@ impl RawSource for Hdf5Source {
             for (sample, v) in samples.iter_mut().zip(values) {
                 sample.push(v);
             }
+        }
+        // HDF5 reads what lies past the end of a truncated file as zeros, without an error:
+        // what was read counts only if the file is still the one opened.
+        if let Some(why) = self.changed() {
+            return Err(changed_error(why));
         }
         Ok(samples)
     }
@@ -177,6 +188,15 @@ impl RawSource for Hdf5Source {
         let names: Vec<&str> = self.fields.iter().map(|f| f.hdf5.as_str()).collect();
         format!("{}#{}", file_version(&self.path), names.join(","))
     }
+
+    fn changed(&self) -> Option<String> {
+        self.stamp.changed(&self.path)
+    }
+}
+
+/// The error of a read from a file that changed under the daemon (kind `Changed`).
+fn changed_error(why: String) -> anyhow::Error {
+    crate::error::Error::new(crate::error::Kind::Changed, why).into()
 }
 
 /// The bytes of a slice of plain numbers.

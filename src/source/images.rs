@@ -3,7 +3,7 @@
 //! field's folder: `images/` and `masks/`, or `lr/` and `hr/`.
 
 use super::{file_version, Opened, RawSample, RawSource};
-use crate::config::{DatasetConfig, FieldConfig, FieldFrom, ImageMode};
+use crate::config::{DatasetConfig, FieldConfig, FieldFrom, ImageMode, Limits};
 use crate::fields::{Pairing, Resample, Schema, Value};
 use crate::pipeline::{FieldOp, Preprocess, Resize};
 use anyhow::{bail, ensure, Context, Result};
@@ -31,6 +31,9 @@ pub struct ImageFolderSource {
     pub classes: Vec<String>,
     disk_bytes: u64,
     version: String,
+    /// Largest file read whole (limits.max_sample_bytes): a larger one, or anything but a
+    /// regular file (a FIFO, /dev/zero behind a symlink), is a bad sample, never read.
+    pub max_file_bytes: u64,
 }
 
 fn is_image(p: &Path) -> bool {
@@ -151,6 +154,7 @@ impl ImageFolderSource {
             sizes,
             classes,
             version,
+            max_file_bytes: u64::MAX,
         })
     }
 
@@ -177,7 +181,7 @@ impl RawSource for ImageFolderSource {
                         Column::Class => Ok(Value::int64(self.labels[i as usize])),
                         Column::Files(files) => {
                             let path = &files[i as usize];
-                            let bytes = std::fs::read(path)
+                            let bytes = read_capped(path, self.max_file_bytes)
                                 .with_context(|| format!("reading {}", path.display()))?;
                             Ok(Value::new(vec![bytes.len() as u32], bytes))
                         }
@@ -209,6 +213,32 @@ impl RawSource for ImageFolderSource {
     fn version(&self) -> String {
         self.version.clone()
     }
+}
+
+/// The bytes of the regular file at `path`, if it holds at most `max` of them. Opened without
+/// blocking (a FIFO would wait for a writer), checked before it is read, read through a cap
+/// (it may grow meanwhile).
+fn read_capped(path: &Path, max: u64) -> Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    let meta = file.metadata()?;
+    ensure!(meta.is_file(), "not a regular file");
+    ensure!(
+        meta.len() <= max,
+        "the file takes {} bytes, over the {max} a sample may (limits.max_sample_bytes)",
+        meta.len()
+    );
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    ensure!(
+        bytes.len() as u64 <= max,
+        "the file grew over the {max} bytes a sample may (limits.max_sample_bytes) while read"
+    );
+    Ok(bytes)
 }
 
 /// The files of a paired field's folder `dir` partnering the samples `rels` (matched by
@@ -258,14 +288,15 @@ fn paired_files(dir: &Path, field: &str, rels: &[PathBuf]) -> Result<Vec<PathBuf
 
 /// An image folder as its `[[dataset]]` table describes it: each image field decoded by its
 /// mode and kept resized, paired fields at their scale.
-pub fn open_dataset(c: &DatasetConfig) -> Result<Opened> {
+pub fn open_dataset(c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
     let fields = c.field_configs();
     let resize = Resize {
         shorter: c.resize,
         max_size: c.max_size,
         square: c.square,
     };
-    let source = ImageFolderSource::open(&c.path, &fields)?;
+    let mut source = ImageFolderSource::open(&c.path, &fields)?;
+    source.max_file_bytes = limits.max_sample_bytes;
     tracing::info!(dataset = %c.name, classes = source.classes.len(), images = source.len(), "image folder opened");
     let reference = fields
         .iter()

@@ -7,7 +7,7 @@ mod images;
 pub use self::hdf5::{write_hdf5, Hdf5Source, MAX_GRANULE};
 pub use self::images::ImageFolderSource;
 
-use crate::config::{DatasetConfig, SourceKind};
+use crate::config::{DatasetConfig, Limits, SourceKind};
 use crate::fields::Schema;
 use crate::pipeline::Preprocess;
 use anyhow::Result;
@@ -23,10 +23,10 @@ pub struct Opened {
 
 /// Opens the dataset `c` describes, by its format: each format opens itself (a new one is its
 /// own file and a line here).
-pub fn open(c: &DatasetConfig) -> Result<Opened> {
+pub fn open(c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
     match c.kind {
         SourceKind::Hdf5 => hdf5::open_dataset(c),
-        SourceKind::Images => images::open_dataset(c),
+        SourceKind::Images => images::open_dataset(c, limits),
     }
 }
 
@@ -65,9 +65,64 @@ pub trait RawSource: Send + Sync {
     /// Changes whenever the raw data may have changed (path, size, modification time), so the
     /// scratch tier can tell its shards are out of date.
     fn version(&self) -> String;
+    /// Why the source's files can no longer be read as they were when it was opened
+    /// (truncated, rewritten or replaced), if they can't: checked at each stream's start and
+    /// after reads, so a changed file is never served as what it held (HDF5 reads a file cut
+    /// short as zeros).
+    fn changed(&self) -> Option<String> {
+        None
+    }
 
     fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// What identifies a file's contents without reading them: device, inode, size, modification
+/// and status-change times. A file truncated or written in place changes size or mtime; one
+/// replaced (renamed over) changes inode; ctime catches a write that restored the mtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl Stamp {
+    /// The stamp of the file at `path` now (symlinks followed, as opening does).
+    pub fn of(path: &Path) -> std::io::Result<Stamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path)?;
+        let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
+        Ok(Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime_ns: ns(m.mtime(), m.mtime_nsec()),
+            ctime_ns: ns(m.ctime(), m.ctime_nsec()),
+        })
+    }
+
+    /// Why the file at `path` no longer has this stamp, if it does not.
+    pub fn changed(&self, path: &Path) -> Option<String> {
+        let why = match Stamp::of(path) {
+            Err(e) => format!("it no longer opens ({e})"),
+            Ok(now) if now == *self => return None,
+            Ok(now) if now.len != self.len => {
+                format!("its size went from {} to {} bytes", self.len, now.len)
+            }
+            Ok(now) if (now.dev, now.ino) != (self.dev, self.ino) => {
+                "it was replaced by another file".to_string()
+            }
+            Ok(_) => "it was written to (modification or change time)".to_string(),
+        };
+        Some(format!(
+            "{} changed since the daemon opened it: {why}; the dataset is not served until it is \
+             opened again",
+            path.display()
+        ))
     }
 }
 

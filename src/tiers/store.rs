@@ -5,7 +5,6 @@
 //! daemon runs) or an error.
 
 use crate::catalog::Dataset;
-use crate::config::OnError;
 use crate::error::{Error, Kind};
 use crate::metrics::{Metrics, Tier};
 use crate::source::RawSample;
@@ -168,13 +167,11 @@ impl Store {
                 Ok(Some(data))
             }
             // The sample's own files failed: skipped, or the stream's error.
-            Ok(Err(bad)) if ds.on_error == OnError::Skip => {
+            Ok(Err(bad)) if ds.skips(&bad) => {
                 ds.mark_bad(index, &bad);
                 Ok(None)
             }
-            Ok(Err(e)) => Err(Arc::new(
-                Error::new(Kind::SourceIo, format!("{e:#}")).into(),
-            )),
+            Ok(Err(e)) => Err(Arc::new(sample_error(&e).into())),
             Err(e) => Err(Arc::new(e)),
         };
         self.inflight
@@ -294,12 +291,12 @@ fn warm_chunk(
             .and_then(|raw| ds.prepare(i, raw));
         let data = match prepared {
             Ok(d) => d,
-            Err(e) if ds.on_error == OnError::Skip => {
+            Err(e) if ds.skips(&e) => {
                 ds.mark_bad(i, &e);
                 bad += 1;
                 continue;
             }
-            Err(e) => return Err(Error::new(Kind::SourceIo, format!("{e:#}")).into()),
+            Err(e) => return Err(sample_error(&e).into()),
         };
         if !scratch.write(i, &data) {
             return Err(Error::new(
@@ -400,4 +397,14 @@ fn load_granule(ds: &Dataset, scratch: &ScratchTier, index: u64) -> Result<(Vec<
 /// Bytes of a raw sample's fields.
 fn raw_size(raw: &RawSample) -> u64 {
     raw.iter().map(|v| v.data.len() as u64).sum()
+}
+
+/// A sample's failure as the stream's error: its files do not read or decode (DATA_LOSS), or
+/// the dataset's files changed under the daemon (kept as that).
+fn sample_error(e: &anyhow::Error) -> Error {
+    let kind = match Error::kind_of(e) {
+        Kind::Changed => Kind::Changed,
+        _ => Kind::SourceIo,
+    };
+    Error::new(kind, format!("{e:#}"))
 }
