@@ -78,8 +78,11 @@ fn pipeline(c: &mut Criterion) {
     g.bench_function("preprocess: decode + resize 256 + planes", |b| {
         b.iter(|| {
             black_box(
-                kept.apply(vec![Value::new(vec![jpeg.len() as u32], jpeg.clone())])
-                    .unwrap(),
+                kept.apply(
+                    vec![Value::new(vec![jpeg.len() as u32], jpeg.clone())],
+                    &Default::default(),
+                )
+                .unwrap(),
             )
         })
     });
