@@ -18,6 +18,11 @@ struct Args {
         env = "LARDER_CONFIG"
     )]
     config: PathBuf,
+    /// Once listening, write the address clients connect to (e.g. "http://127.0.0.1:41234",
+    /// the port the kernel gave for `listen = "127.0.0.1:0"`) to this file, renamed into
+    /// place: a script or test waits for the file instead of guessing a free port.
+    #[arg(long)]
+    address_file: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -28,6 +33,12 @@ async fn main() -> Result<()> {
     let daemon = larder::server::Daemon::start(config)
         .await
         .context("starting larderd")?;
+    if let Some(path) = &args.address_file {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, format!("{}\n", daemon.client_addr()))
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .with_context(|| format!("writing the address to {}", path.display()))?;
+    }
     let stop = daemon.shutdown_handle();
     tokio::spawn(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

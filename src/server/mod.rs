@@ -10,7 +10,7 @@ mod daemon;
 mod layout;
 mod sent;
 mod service;
-mod shm;
+pub mod shm;
 pub mod shutdown;
 mod stream;
 
