@@ -272,6 +272,17 @@ impl Catalog {
 
 fn open_dataset(id: u32, c: &DatasetConfig, limits: Limits) -> Result<Dataset> {
     let opened = crate::source::open(c, &limits)?;
+    // A file can claim any shape: one whose every sample is over the limit would have each
+    // read allocate it (HDF5 reads into a buffer of the claimed size) and fail.
+    if let Some(bytes) = opened.schema.fixed_record_bytes() {
+        ensure!(
+            bytes <= limits.max_sample_bytes,
+            "its samples ({}) take {bytes} bytes each, over the {} a sample may \
+             (limits.max_sample_bytes)",
+            opened.schema.describe(),
+            limits.max_sample_bytes
+        );
+    }
     let mut dataset = Dataset::new(id, &c.name, opened.source, opened.preprocess, opened.schema);
     dataset.on_error = c.on_error;
     dataset.limits = limits;

@@ -159,11 +159,14 @@ impl FieldSpec {
         self.shape.len() >= 2
     }
 
-    /// Bytes of one value when the shape is fixed.
+    /// Bytes of one value when the shape is fixed (u64::MAX when that overflows: a file can
+    /// claim any shape, and every limit refuses that size).
     pub fn fixed_bytes(&self) -> Option<u64> {
         self.shape
             .iter()
-            .try_fold(self.dtype.size() as u64, |acc, d| d.map(|d| acc * d as u64))
+            .try_fold(self.dtype.size() as u64, |acc, d| {
+                d.map(|d| acc.saturating_mul(d as u64))
+            })
     }
 
     /// The shape as the proto carries it: -1 for a variable dim.
@@ -202,6 +205,12 @@ impl FieldSpec {
 
 /// One value per raw field: a sample as its source reads it, before preprocessing.
 pub type RawSample = Vec<Value>;
+
+/// Bytes of a value of `dims` with items of `item` bytes; usize::MAX when that overflows
+/// (dims can come from a file: no length matches it, and no buffer is made for it).
+pub fn bytes_of(item: usize, dims: &[u32]) -> usize {
+    dims.iter().fold(item, |a, &d| a.saturating_mul(d as usize))
+}
 
 /// One field's value for one sample: its dims and its bytes.
 #[derive(Debug, Clone, PartialEq)]
@@ -289,16 +298,16 @@ impl Schema {
                 }
             }
         }
-        let fixed_record = fields
-            .iter()
-            .try_fold(0u64, |acc, f| f.fixed_bytes().map(|b| acc + b));
+        let fixed_record = fields.iter().try_fold(0u64, |acc, f| {
+            f.fixed_bytes().map(|b| acc.saturating_add(b))
+        });
         let fixed_ranges = fixed_record.map(|_| {
             let mut at = 0;
             fields
                 .iter()
                 .map(|f| {
                     let n = f.fixed_bytes().unwrap_or(0) as usize;
-                    at += n;
+                    at = usize::saturating_add(at, n);
                     at - n..at
                 })
                 .collect()
@@ -360,7 +369,7 @@ impl Schema {
         let mut body = 0;
         for (f, v) in self.fields.iter().zip(values) {
             f.check_dims(&v.dims)?;
-            let expected = v.dims.iter().fold(f.dtype.size(), |a, &d| a * d as usize);
+            let expected = bytes_of(f.dtype.size(), &v.dims);
             ensure!(
                 v.data.len() == expected,
                 "field {:?}: {} bytes for shape {:?} of {} (expected {expected})",
@@ -398,7 +407,7 @@ impl Schema {
                     Some(d) => *d,
                     None => {
                         let raw = record
-                            .get(header..header + 4)
+                            .get(header..header.saturating_add(4))
                             .context("record too short for its header")?;
                         header += 4;
                         u32::from_le_bytes(raw.try_into().unwrap())
@@ -409,9 +418,10 @@ impl Schema {
         }
         let mut at = header;
         for (f, dims) in self.fields.iter().zip(dims_all) {
-            let n = dims.iter().fold(f.dtype.size(), |a, &d| a * d as usize);
-            let data = record
-                .get(at..at + n)
+            let n = bytes_of(f.dtype.size(), &dims);
+            let data = at
+                .checked_add(n)
+                .and_then(|end| record.get(at..end))
                 .with_context(|| format!("record too short for field {:?}", f.name))?;
             at += n;
             views.push(FieldView { dims, data });

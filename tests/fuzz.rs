@@ -209,7 +209,7 @@ fn image_seeds() -> Vec<Vec<u8>> {
 const MAX_PIXELS: u64 = 1 << 16;
 
 proptest! {
-    #![proptest_config(config(400_000))]
+    #![proptest_config(config(300_000))]
 
     /// Any bytes: an error, or pixels within the limit that fill exactly their buffer.
     #[test]
@@ -258,6 +258,52 @@ proptest! {
     }
 }
 
+// ---- records -------------------------------------------------------------------------
+
+proptest! {
+    #![proptest_config(config(200_000))]
+
+    /// A record as the tiers keep it (variable dims in a header, then each field's bytes),
+    /// any bytes: its fields, each exactly its dims' bytes and together the whole record, or
+    /// an error.
+    #[test]
+    fn records_split_into_their_fields_or_fail(
+        record in inputs(vec![record_seed()]),
+    ) {
+        let schema = record_schema();
+        if let Ok(views) = schema.decode(&record) {
+            let mut total = 4 * 3; // three variable dims in the header
+            for (f, v) in schema.fields.iter().zip(&views) {
+                prop_assert_eq!(v.data.len(), larder::fields::bytes_of(f.dtype.size(), &v.dims));
+                total += v.data.len();
+            }
+            prop_assert_eq!(total, record.len());
+        }
+    }
+}
+
+/// An image [3, H, W] uint8, a clip [T] int16 and a label: two variable dims and one.
+fn record_schema() -> larder::fields::Schema {
+    use larder::fields::{DType, FieldSpec, Schema};
+    Schema::new(vec![
+        FieldSpec::new("image", DType::Uint8, vec![Some(3), None, None]),
+        FieldSpec::new("clip", DType::Int16, vec![None]),
+        FieldSpec::fixed("label", DType::Int64, &[]),
+    ])
+    .unwrap()
+}
+
+fn record_seed() -> Vec<u8> {
+    use larder::fields::Value;
+    record_schema()
+        .encode(&[
+            Value::new(vec![3, 4, 5], (0..60).collect()),
+            Value::new(vec![7], (0..14).collect()),
+            Value::int64(9),
+        ])
+        .unwrap()
+}
+
 // ---- config ---------------------------------------------------------------------------
 
 const CONFIG: &str = r#"
@@ -301,7 +347,7 @@ pair = { with = "image", scale = 1 }
 "#;
 
 proptest! {
-    #![proptest_config(config(300_000))]
+    #![proptest_config(config(200_000))]
 
     /// Any text: a config or an error, never a panic (the config is an admin's file today and
     /// a user's dataset table once users register datasets).
@@ -373,7 +419,7 @@ async fn handshake(bytes: Vec<u8>) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(config(150_000))]
+    #![proptest_config(config(100_000))]
 
     #[test]
     fn ring_handshakes_stay_within_the_budget(
@@ -428,7 +474,7 @@ fn write_shards() -> Vec<(String, Vec<u8>)> {
 }
 
 proptest! {
-    #![proptest_config(config(10_000))]
+    #![proptest_config(config(8_000))]
 
     /// One shard file changed on disk (a bad sector, a crash, someone else's write): a
     /// restarted daemon serves each record as written or not at all, never other bytes.

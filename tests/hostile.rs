@@ -248,13 +248,23 @@ async fn a_dataset_that_does_not_open_is_reported_and_the_others_served() {
         .create("images")
         .unwrap();
     drop(file);
+    // A shape claiming 10 GB a sample, in a file of a few KB (chunks never written).
+    let file = hdf5::File::create(p.join("huge.h5")).unwrap();
+    file.new_dataset::<u8>()
+        .chunk((1, 1000, 1000))
+        .shape((10, 100_000, 100_000))
+        .create("images")
+        .unwrap();
+    drop(file);
     let table = |name: &str| {
         format!(
             "[[dataset]]\nname = \"{name}\"\npath = {:?}\n",
             p.join(format!("{name}.h5"))
         )
     };
-    let tables = ["good", "cut", "strings", "missing"].map(table).concat();
+    let tables = ["good", "cut", "strings", "missing", "huge"]
+        .map(table)
+        .concat();
     let d = daemon(p, "", &tables).await;
     let mut c = connect(&d.client_addr()).await.unwrap();
     let batches = collect_batches(&mut c, req("good", 8)).await.unwrap();
@@ -266,6 +276,7 @@ async fn a_dataset_that_does_not_open_is_reported_and_the_others_served() {
         ("cut", "cut.h5"),
         ("strings", "images"),
         ("missing", "missing.h5"),
+        ("huge", "limits.max_sample_bytes"),
     ] {
         let status = c.stream_batches(req(name, 8)).await.expect_err("refused");
         assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");

@@ -13,7 +13,7 @@ pub fn slot_offsets(sizes: impl IntoIterator<Item = usize>) -> (Vec<usize>, usiz
         .into_iter()
         .map(|bytes| {
             let o = at;
-            at = (at + bytes).div_ceil(64) * 64;
+            at = at.saturating_add(bytes).div_ceil(64).saturating_mul(64);
             o
         })
         .collect();
@@ -48,7 +48,7 @@ impl FieldLayout {
             batch.shape = std::iter::once(n as u64)
                 .chain(spec.shape.iter().map(|d| d.unwrap_or(0) as u64))
                 .collect();
-            let bytes = n * spec.fixed_bytes().unwrap_or(0) as usize;
+            let bytes = n.saturating_mul(spec.fixed_bytes().unwrap_or(0) as usize);
             return FieldLayout {
                 batch,
                 bytes,
@@ -75,7 +75,7 @@ impl FieldLayout {
             batch.offsets = offsets;
             return FieldLayout {
                 batch,
-                bytes: total as usize * item,
+                bytes: (total as usize).saturating_mul(item),
                 item,
                 padded_to: None,
             };
@@ -87,13 +87,15 @@ impl FieldLayout {
                 *m = (*m).max(*d);
             }
         }
-        let per: usize = max.iter().fold(item, |a, &d| a * d as usize);
+        // Saturating: per-dim maxima of different samples ([1, 10^5] and [10^5, 1]) multiply
+        // to more than any sample holds; the batch limit then refuses the batch.
+        let per = crate::fields::bytes_of(item, &max);
         batch.shape = std::iter::once(n as u64)
             .chain(max.iter().map(|&d| d as u64))
             .collect();
         FieldLayout {
             batch,
-            bytes: n * per,
+            bytes: n.saturating_mul(per),
             item,
             padded_to: Some(max),
         }

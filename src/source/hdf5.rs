@@ -217,7 +217,7 @@ impl Field {
         let per = self
             .dims
             .iter()
-            .fold(self.dtype.size(), |a, &d| a * d as usize);
+            .fold(self.dtype.size(), |a, &d| a.saturating_mul(d as usize));
         let block;
         let data = match &self.column {
             Some(column) => &column[start * per..end * per],
@@ -375,7 +375,7 @@ fn open_field(file: &hdf5::File, path: &Path, fc: &FieldConfig) -> Result<(Field
         column: None,
     };
     let value_bytes = spec.fixed_bytes().unwrap_or(u64::MAX);
-    if value_bytes <= COLUMN_VALUE_BYTES && value_bytes * n <= COLUMN_TOTAL_BYTES {
+    if value_bytes <= COLUMN_VALUE_BYTES && value_bytes.saturating_mul(n) <= COLUMN_TOTAL_BYTES {
         let all = field
             .read_block(0, n as usize)
             .with_context(|| format!("{}: reading its values", what()))?;
@@ -393,10 +393,7 @@ fn granule(fields: &[Field]) -> u64 {
             Some(chunk) => chunk[0] as u64,
             None if f.varlen => MAX_GRANULE,
             None => {
-                let bytes = f
-                    .dims
-                    .iter()
-                    .fold(f.dtype.size() as u64, |a, &d| a * d as u64);
+                let bytes = crate::fields::bytes_of(f.dtype.size(), &f.dims) as u64;
                 CONTIGUOUS_GRANULE_BYTES / bytes.max(1)
             }
         })
