@@ -1,5 +1,6 @@
 //! The datasets the daemon serves, opened from the config.
 
+use crate::access::{Grant, Guard};
 use crate::config::{DatasetConfig, Limits, OnError, TrainCrop};
 use crate::error::Kind;
 use crate::fields::Schema;
@@ -28,6 +29,8 @@ pub struct Dataset {
     pub on_error: OnError,
     /// What one sample may cost (pixels, bytes); over them it is a bad sample.
     pub limits: Limits,
+    /// Who may have it besides those who can read its files (see `access`).
+    pub guard: Guard,
     /// Samples that failed to read or decode (skipped), by index: why, the file named.
     bad: Mutex<BTreeMap<u64, String>>,
 }
@@ -58,6 +61,10 @@ impl Dataset {
             train: None,
             on_error: OnError::Skip,
             limits: Limits::default(),
+            guard: Guard {
+                allow: vec![],
+                tcp: false,
+            },
             bad: Mutex::new(BTreeMap::new()),
         }
     }
@@ -286,6 +293,15 @@ fn open_dataset(id: u32, c: &DatasetConfig, limits: Limits) -> Result<Dataset> {
     let mut dataset = Dataset::new(id, &c.name, opened.source, opened.preprocess, opened.schema);
     dataset.on_error = c.on_error;
     dataset.limits = limits;
+    dataset.guard = Guard {
+        allow: c
+            .allow
+            .iter()
+            .map(|g| Grant::parse(g))
+            .collect::<Result<_, _>>()
+            .map_err(|e| anyhow::anyhow!("allow: {e}"))?,
+        tcp: c.tcp,
+    };
     let (eval, train) = pipelines(c, &dataset.schema)?;
     dataset.with_pipelines(eval, train)
 }

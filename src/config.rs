@@ -216,6 +216,14 @@ pub struct DatasetConfig {
     /// The sample's fields, in order. Without any, the shorthand above applies.
     #[serde(default, rename = "field")]
     pub fields: Vec<FieldConfig>,
+    /// Who may have the dataset without being able to read its files themselves: "all" (every
+    /// local user), "user:NAME", "group:NAME". Everyone else needs read access to its files
+    /// (checked as them). Default: nobody beyond that.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Whether TCP clients (which have no identity) may have the dataset. Default false.
+    #[serde(default)]
+    pub tcp: bool,
 }
 
 /// The train pipeline of a dataset (see `pipeline::augment`).

@@ -57,6 +57,7 @@ fn demo_config(dir: &Path, path: &Path, sr: &Path, seg: &Path, budget: u64) -> R
         budget_bytes = {budget}
         [[dataset]]
         name = "demo"
+        tcp = true
         path = {path:?}
         samples = "images"
         labels = "labels"
@@ -64,6 +65,7 @@ fn demo_config(dir: &Path, path: &Path, sr: &Path, seg: &Path, budget: u64) -> R
         # Super-resolution: low-res inputs and high-res targets, paired at scale 4.
         [[dataset]]
         name = "sr"
+        tcp = true
         path = {sr:?}
         [[dataset.field]]
         name = "lr"
@@ -74,6 +76,7 @@ fn demo_config(dir: &Path, path: &Path, sr: &Path, seg: &Path, budget: u64) -> R
         # Segmentation: images/ and masks/ matched by file name; masks keep their class ids.
         [[dataset]]
         name = "seg"
+        tcp = true
         kind = "images"
         path = {seg:?}
         resize = 32
@@ -194,7 +197,7 @@ pub async fn run_epochs(
         .datasets
         .into_iter()
         .find(|d| d.name == dataset)
-        .with_context(|| format!("the daemon does not serve a dataset {dataset:?}"))?
+        .with_context(|| format!("the daemon serves no dataset {dataset:?} that you may read (`larder datasets` lists those you may)"))?
         .num_samples;
     // Hit rates per epoch are differences of the daemon's counters, which earlier clients moved.
     let (mut prev_mem, mut prev_all) = tier_hits(

@@ -3,6 +3,7 @@
 //! Data path: sampler (seeded, sharded order) -> tiers (memory -> scratch -> raw source +
 //! preprocessing) -> batch assembly -> gRPC stream or shared-memory ring. See README.md.
 
+pub mod access;
 pub mod alloc;
 pub mod catalog;
 pub mod client;

@@ -43,6 +43,7 @@ impl Fixture {
             watch_interval_ms = 20
             [[dataset]]
             name = "train"
+            tcp = true
             path = {path:?}
             labels = "labels"
             "#,
@@ -303,7 +304,7 @@ async fn bad_requests_get_clear_errors_and_the_daemon_keeps_serving() {
                 ..req(4, 0, 0)
             },
             Code::NotFound,
-            "unknown dataset \"nope\"; this daemon serves: train",
+            "unknown dataset \"nope\"; `larder datasets` lists those you may read",
         ),
         (
             req(0, 0, 0),
@@ -336,7 +337,7 @@ async fn bad_requests_get_clear_errors_and_the_daemon_keeps_serving() {
                 ..req(4, 0, 0)
             },
             Code::NotFound,
-            "(100000 bytes); this daemon serves: train",
+            "(100000 bytes); `larder datasets` lists",
         ),
         (
             StreamBatchesRequest {

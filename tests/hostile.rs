@@ -258,7 +258,7 @@ async fn a_dataset_that_does_not_open_is_reported_and_the_others_served() {
     drop(file);
     let table = |name: &str| {
         format!(
-            "[[dataset]]\nname = \"{name}\"\npath = {:?}\n",
+            "[[dataset]]\nname = \"{name}\"\ntcp = true\npath = {:?}\n",
             p.join(format!("{name}.h5"))
         )
     };
@@ -290,7 +290,9 @@ async fn an_hdf5_file_truncated_while_served_is_never_served_as_zeros() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("train.h5");
     make_dataset(&path, 1500, &[2, 4, 4]).unwrap();
-    let tables = format!("[[dataset]]\nname = \"train\"\npath = {path:?}\nlabels = \"labels\"\n");
+    let tables = format!(
+        "[[dataset]]\nname = \"train\"\ntcp = true\npath = {path:?}\nlabels = \"labels\"\n"
+    );
     let d = daemon(dir.path(), "", &tables).await;
     let mut c = connect(&d.client_addr()).await.unwrap();
     let first = collect_batches(&mut c, req("train", 100)).await.unwrap();
@@ -386,7 +388,7 @@ async fn lying_headers_bombs_and_files_that_are_not_files_are_bad_samples() {
     let fifo = std::ffi::CString::new(cls.join("fifo.jpg").to_str().unwrap()).unwrap();
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
     let tables = format!(
-        "[[dataset]]\nname = \"pics\"\nkind = \"images\"\nresize = 0\ncrop = 0\npath = {:?}\n",
+        "[[dataset]]\nname = \"pics\"\ntcp = true\nkind = \"images\"\nresize = 0\ncrop = 0\npath = {:?}\n",
         dir.path().join("pics")
     );
     let d = daemon(dir.path(), "[limits]\nmax_sample_bytes = 40000", &tables).await;
@@ -475,7 +477,7 @@ async fn a_batch_over_the_message_limit_through_variable_fields_is_invalid_argum
         .unwrap();
     drop(file);
     let tables = format!(
-        "[[dataset]]\nname = \"clips\"\npath = {path:?}\n\
+        "[[dataset]]\nname = \"clips\"\ntcp = true\npath = {path:?}\n\
          [[dataset.field]]\nname = \"clip\"\nhdf5 = \"clip\"\n"
     );
     // 20 KB a clip, 1 MB a message: a batch of 20 fits, one of 80 does not.

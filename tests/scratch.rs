@@ -29,6 +29,7 @@ async fn start(dir: &Path, scratch: &Path, scratch_extra: &str, memory_budget: u
         budget_bytes = {memory_budget}
         [[dataset]]
         name = "train"
+        tcp = true
         path = {path:?}
         labels = "labels"
         "#,
@@ -277,6 +278,7 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
         dir = {scratch:?}
         [[dataset]]
         name = "pets"
+        tcp = true
         kind = "images"
         path = {root:?}
         resize = 16
@@ -374,7 +376,7 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
     std::fs::write(root.join("dog/img999.jpg"), b"garbage").unwrap();
     let config = |on_error: &str| {
         Config::parse(&format!(
-            "listen = \"127.0.0.1:0\"\n[scratch]\nenabled = false\n[[dataset]]\nname = \"pets\"\nkind = \"images\"\npath = {root:?}\nresize = 16\ncrop = 12\non_error = {on_error:?}\n"
+            "listen = \"127.0.0.1:0\"\n[scratch]\nenabled = false\n[[dataset]]\nname = \"pets\"\ntcp = true\nkind = \"images\"\npath = {root:?}\nresize = 16\ncrop = 12\non_error = {on_error:?}\n"
         ))
         .unwrap()
     };

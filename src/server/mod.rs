@@ -1,10 +1,12 @@
-//! The gRPC server: `service` (handlers and validation), `stream` (field selection, batch
+//! The gRPC server: `service` (handlers and validation), `admission` (may this caller have
+//! this dataset now), `stream` (field selection, batch
 //! assembly, the producer that forwards a stream's batches, metered delivery), `layout` (a
 //! batch's fields laid out for the message or a slot), `shm` (shared-memory rings for clients on
 //! the Unix socket), `buffers` (message buffers reused by the bytes path), `sent` (encoded
 //! messages counted until sent), `shutdown` (the daemon's stop, a type every part holds),
 //! `daemon` (wiring and listeners).
 
+mod admission;
 pub mod buffers;
 mod daemon;
 mod layout;

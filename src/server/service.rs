@@ -1,11 +1,13 @@
 //! The gRPC handlers: validation, the datasets, stats, warming, and opening streams. Handlers
 //! hold shared state only.
 
+use super::admission::admit;
 use super::buffers::MessageBuffers;
 use super::layout::slot_offsets;
 use super::shm::{Peer, Ring, Rings};
 use super::shutdown::{shutting_down, Shutdown};
 use super::stream::{MeteredStream, Producer, Selection};
+use crate::access::{Caller, Proofs};
 use crate::catalog::{Catalog, Dataset, PipelineKind};
 use crate::config::Config;
 use crate::error::{bad_request, precondition, quote, Error, Kind};
@@ -37,6 +39,8 @@ pub struct Service {
     buffers: Arc<MessageBuffers>,
     /// The open streams.
     streams: Arc<Streams>,
+    /// Access checks passed lately, which ListDatasets reuses.
+    proofs: Arc<Proofs>,
     /// Becomes true when the daemon shuts down: open streams end with UNAVAILABLE.
     shutdown: Shutdown,
 }
@@ -53,6 +57,7 @@ impl Service {
     ) -> Service {
         Service {
             shutdown,
+            proofs: Default::default(),
             rings,
             buffers,
             streams,
@@ -118,6 +123,14 @@ impl Service {
         Ok(ds)
     }
 
+    /// The dataset a request names, if `who` may have it: checked afresh, as them.
+    async fn admitted(&self, name: &str, who: &Caller) -> Result<Arc<Dataset>, Status> {
+        let ds = self.dataset(name)?;
+        admit(&ds, who).await?;
+        self.proofs.record(who, ds.id, ds.source.root());
+        Ok(ds)
+    }
+
     fn named(&self, name: &str) -> Result<Arc<Dataset>, Status> {
         self.catalog.get(name).ok_or_else(|| {
             if let Some(why) = self.catalog.failed(name) {
@@ -133,9 +146,8 @@ impl Service {
             Error::new(
                 Kind::UnknownDataset,
                 format!(
-                    "unknown dataset {}; this daemon serves: {}",
-                    quote(name),
-                    self.catalog.names().join(", ")
+                    "unknown dataset {}; `larder datasets` lists those you may read",
+                    quote(name)
                 ),
             )
             .into()
@@ -176,8 +188,11 @@ impl Service {
         Ok(Some(ring))
     }
 
-    fn plan(&self, req: &StreamBatchesRequest) -> Result<(Arc<Dataset>, Plan, Selection), Status> {
-        let ds = self.dataset(&req.dataset)?;
+    fn plan(
+        &self,
+        ds: Arc<Dataset>,
+        req: &StreamBatchesRequest,
+    ) -> Result<(Arc<Dataset>, Plan, Selection), Status> {
         let layout = VariableLayout::try_from(req.variable_layout).map_err(|_| {
             bad_request(format!(
                 "variable_layout {} is unknown",
@@ -251,9 +266,17 @@ type BatchStream = Pin<Box<dyn Stream<Item = Result<Batch, Status>> + Send>>;
 impl Larder for Service {
     async fn list_datasets(
         &self,
-        _: Request<ListDatasetsRequest>,
+        request: Request<ListDatasetsRequest>,
     ) -> Result<Response<ListDatasetsResponse>, Status> {
-        let datasets: Vec<DatasetInfo> = self.catalog.iter().map(|d| d.info()).collect();
+        let who = Caller::of(&request);
+        let mut datasets: Vec<DatasetInfo> = vec![];
+        for ds in self.catalog.iter() {
+            let root = ds.source.root();
+            if self.proofs.fresh(&who, ds.id, root) || admit(ds, &who).await.is_ok() {
+                self.proofs.record(&who, ds.id, root);
+                datasets.push(ds.info());
+            }
+        }
         Ok(Response::new(ListDatasetsResponse { datasets }))
     }
 
@@ -261,11 +284,20 @@ impl Larder for Service {
         &self,
         request: Request<ListBadSamplesRequest>,
     ) -> Result<Response<ListBadSamplesResponse>, Status> {
+        let who = Caller::of(&request);
         let name = request.into_inner().dataset;
         let datasets: Vec<Arc<Dataset>> = if name.is_empty() {
-            self.catalog.iter().cloned().collect()
+            let mut mine = vec![];
+            for ds in self.catalog.iter() {
+                if admit(ds, &who).await.is_ok() {
+                    mine.push(ds.clone());
+                }
+            }
+            mine
         } else {
-            vec![self.named(&name)?]
+            let ds = self.named(&name)?;
+            admit(&ds, &who).await?;
+            vec![ds]
         };
         let samples = datasets
             .iter()
@@ -290,7 +322,8 @@ impl Larder for Service {
         &self,
         request: Request<WarmRequest>,
     ) -> Result<Response<Self::WarmStream>, Status> {
-        let ds = self.dataset(&request.into_inner().dataset)?;
+        let who = Caller::of(&request);
+        let ds = self.admitted(&request.into_inner().dataset, &who).await?;
         if self.store.scratch_of(&ds).is_none() {
             return Err(no_scratch(&ds).into());
         }
@@ -341,8 +374,10 @@ impl Larder for Service {
         &self,
         request: Request<StreamBatchesRequest>,
     ) -> Result<Response<StreamPlan>, Status> {
+        let who = Caller::of(&request);
         let req = request.into_inner();
-        let (ds, plan, sel) = self.plan(&req)?;
+        let ds = self.admitted(&req.dataset, &who).await?;
+        let (ds, plan, sel) = self.plan(ds, &req)?;
         let sizes: Option<Vec<usize>> = sel
             .fields
             .iter()
@@ -369,8 +404,10 @@ impl Larder for Service {
             .get::<tonic::transport::server::UdsConnectInfo>()
             .and_then(|i| i.peer_cred)
             .map(Peer::from);
+        let who = Caller::of(&request);
         let req = request.into_inner();
-        let (ds, plan, sel) = self.plan(&req)?;
+        let ds = self.admitted(&req.dataset, &who).await?;
+        let (ds, plan, sel) = self.plan(ds, &req)?;
         let ring = self.ring(&req, &sel, peer)?;
         tracing::info!(
             dataset = %ds.name, batch_size = req.batch_size, seed = req.seed, epoch = req.epoch,
@@ -401,6 +438,7 @@ impl Larder for Service {
             buffers: self.buffers.clone(),
             prefetch: self.prefetch_batches,
             shutdown: self.shutdown.clone(),
+            who,
         };
         tokio::spawn(producer.run(tx));
         let metered = MeteredStream::new(rx, handle);

@@ -5,6 +5,7 @@ use super::buffers::MessageBuffers;
 use super::layout::{slot_offsets, FieldLayout};
 use super::shm::{Ring, Slot};
 use super::shutdown::{shutting_down, Shutdown};
+use crate::access::{Caller, PROOF_TTL};
 use crate::catalog::Dataset;
 use crate::error::{quote, Error, Kind};
 use crate::fields::{FieldSpec, FieldView, Schema};
@@ -128,6 +129,9 @@ pub struct Producer {
     pub buffers: Arc<MessageBuffers>,
     pub prefetch: usize,
     pub shutdown: Shutdown,
+    /// Who asked: their access is checked again whenever the last check is older than
+    /// `access::PROOF_TTL`, and a stream whose caller lost it ends with PERMISSION_DENIED.
+    pub who: Caller,
 }
 
 impl Producer {
@@ -142,7 +146,9 @@ impl Producer {
             buffers,
             prefetch,
             mut shutdown,
+            who,
         } = self;
+        let mut checked = Instant::now();
         // The ring is this stream's until it ends (a previous stream on it must stop first).
         let _lease = match &ring {
             Some(r) => Some(r.begin_stream(&held_slots, plan.start_batch).await),
@@ -172,6 +178,13 @@ impl Producer {
                     return;
                 }
             };
+            if checked.elapsed() >= PROOF_TTL {
+                if let Err(denied) = super::admission::admit(&ds, &who).await {
+                    let _ = tx.send(Err(denied)).await;
+                    return;
+                }
+                checked = Instant::now();
+            }
             let (item, slot) = match result {
                 Ok((batch, slot)) => (Ok(batch), slot),
                 Err(e) => {

@@ -192,6 +192,14 @@ impl RawSource for Hdf5Source {
     fn changed(&self) -> Option<String> {
         self.stamp.changed(&self.path)
     }
+
+    fn files(&self) -> Vec<PathBuf> {
+        vec![self.path.clone()]
+    }
+
+    fn root(&self) -> &Path {
+        &self.path
+    }
 }
 
 /// The error of a read from a file that changed under the daemon (kind `Changed`).

@@ -213,6 +213,20 @@ impl RawSource for ImageFolderSource {
     fn version(&self) -> String {
         self.version.clone()
     }
+
+    fn files(&self) -> Vec<PathBuf> {
+        let mut files = vec![self.root.clone()];
+        for c in &self.columns {
+            if let Column::Files(paths) = c {
+                files.extend(paths.iter().cloned());
+            }
+        }
+        files
+    }
+
+    fn root(&self) -> &Path {
+        &self.root
+    }
 }
 
 /// The bytes of the regular file at `path`, if it holds at most `max` of them. Opened without

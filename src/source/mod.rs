@@ -72,22 +72,31 @@ pub trait RawSource: Send + Sync {
     fn changed(&self) -> Option<String> {
         None
     }
+    /// The files (and folders) a user must be able to read to be served this source without
+    /// a grant: checked as that user (see `access`).
+    fn files(&self) -> Vec<std::path::PathBuf>;
+    /// The file or folder the source is: its status-change time stamps access checks (a chmod
+    /// or chown of it changes that time, and no user can set it).
+    fn root(&self) -> &Path;
 
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
 
-/// What identifies a file's contents without reading them: device, inode, size, modification
-/// and status-change times. A file truncated or written in place changes size or mtime; one
-/// replaced (renamed over) changes inode; ctime catches a write that restored the mtime.
+/// What identifies a file's contents without reading them: device, inode, birth time, size
+/// and modification time. A file truncated or written in place changes size or mtime; one
+/// replaced (renamed over, or deleted and made again, even on a reused inode number) changes
+/// inode or birth time, which no user can set. Not the status-change time: a chmod changes
+/// it, and access to a file changes without its contents (see `access`). A writer of the file
+/// who writes it in place and then sets its mtime back (`touch -d`) is not noticed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stamp {
     dev: u64,
     ino: u64,
+    btime_ns: Option<i128>,
     len: u64,
     mtime_ns: i128,
-    ctime_ns: i128,
 }
 
 impl Stamp {
@@ -96,12 +105,17 @@ impl Stamp {
         use std::os::unix::fs::MetadataExt;
         let m = std::fs::metadata(path)?;
         let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
+        let btime_ns = m
+            .created()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_nanos() as i128);
         Ok(Stamp {
             dev: m.dev(),
             ino: m.ino(),
+            btime_ns,
             len: m.len(),
             mtime_ns: ns(m.mtime(), m.mtime_nsec()),
-            ctime_ns: ns(m.ctime(), m.ctime_nsec()),
         })
     }
 
@@ -113,10 +127,10 @@ impl Stamp {
             Ok(now) if now.len != self.len => {
                 format!("its size went from {} to {} bytes", self.len, now.len)
             }
-            Ok(now) if (now.dev, now.ino) != (self.dev, self.ino) => {
+            Ok(now) if (now.dev, now.ino, now.btime_ns) != (self.dev, self.ino, self.btime_ns) => {
                 "it was replaced by another file".to_string()
             }
-            Ok(_) => "it was written to (modification or change time)".to_string(),
+            Ok(_) => "it was written to (its modification time moved)".to_string(),
         };
         Some(format!(
             "{} changed since the daemon opened it: {why}; the dataset is not served until it is \

@@ -1,0 +1,467 @@
+//! Who is asking, and what they may read.
+//!
+//! **Who.** On the Unix socket the kernel says who the peer is (SO_PEERCRED: uid, gid, pid);
+//! its supplementary groups are the uid's (the group database, `getgrouplist`). Over TCP there
+//! is no identity: a TCP client is anonymous and sees only datasets marked `tcp = true`.
+//!
+//! **The rule.** A local client may list, plan, warm and stream a dataset if its entry grants
+//! it (`allow = ["all", "user:alice", "group:ml"]`), or if it could read the dataset's raw files
+//! itself: the kernel's answer for that user, groups and ACLs included, got by checking every
+//! file as them (`faccessat2(R_OK, AT_EACCESS)` on a thread switched to their file-system
+//! identity). Everyone else gets PERMISSION_DENIED naming the dataset, and ListDatasets shows
+//! them only what they may read. The tiers hold one copy of each sample for everyone: the
+//! check is what keeps a cached sample from reaching a user who could not read its file.
+//!
+//! **Proofs.** A check passed is a proof for (user, dataset), good for at most [`PROOF_TTL`]:
+//! a stream checks afresh when it opens (each epoch) and again whenever its proof is older, so
+//! a chmod that takes a user's right away ends their streams within that bound.
+//!
+//! **Switching identity.** Like Samba and the NFS servers: on a thread of its own, with raw
+//! system calls that change only the calling thread (glibc's `setgroups` changes every thread
+//! of the process): the groups, then fsgid, then fsuid; the check; then back. The thread is
+//! one made for the check and ended after it, so no other work ever runs under a switched
+//! identity. Never to uid 0: root's requests are checked with the daemon's own rights. A
+//! daemon that cannot switch (not root, no CAP_SETUID/CAP_SETGID) checks only its own user's
+//! requests this way and denies other users what `allow` does not grant.
+
+use crate::error::{quote, Error, Kind};
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a passed check stands before it is made again.
+pub const PROOF_TTL: Duration = Duration::from_secs(60);
+
+/// A local user, as the kernel and the group database say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub uid: u32,
+    /// The process's group (SO_PEERCRED).
+    pub gid: u32,
+    /// Every group of the user: the process's, the user's primary one and their
+    /// supplementary ones.
+    pub groups: Vec<u32>,
+    pub pid: Option<i32>,
+}
+
+impl Identity {
+    /// The identity of the process at the other end of a Unix socket.
+    pub fn of(cred: &tokio::net::unix::UCred) -> Identity {
+        Identity::of_user(cred.uid(), cred.gid(), cred.pid())
+    }
+
+    /// The identity of user `uid` in group `gid` (with the user's groups added).
+    pub fn of_user(uid: u32, gid: u32, pid: Option<i32>) -> Identity {
+        let mut groups = vec![gid];
+        if let Some((name, primary)) = user_name(uid) {
+            groups.extend(group_list(&name, primary));
+        }
+        groups.sort_unstable();
+        groups.dedup();
+        Identity {
+            uid,
+            gid,
+            groups,
+            pid,
+        }
+    }
+}
+
+/// Who sent a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// A process on this machine, over the Unix socket.
+    Local(Arc<Identity>),
+    /// A client over TCP: no identity.
+    Tcp,
+}
+
+impl Caller {
+    /// The caller of a request: local when it came over the Unix socket.
+    pub fn of<T>(request: &tonic::Request<T>) -> Caller {
+        request
+            .extensions()
+            .get::<tonic::transport::server::UdsConnectInfo>()
+            .and_then(|i| i.peer_cred.as_ref())
+            .map_or(Caller::Tcp, |c| Caller::Local(Arc::new(Identity::of(c))))
+    }
+
+    /// Names the caller in logs and messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Caller::Local(id) => format!("uid {}", id.uid),
+            Caller::Tcp => "a TCP client".to_string(),
+        }
+    }
+}
+
+/// Access checks passed lately, by (uid, dataset id), with the status-change time of the
+/// dataset's file or folder then: ListDatasets reuses one younger than [`PROOF_TTL`] whose
+/// time has not moved (a chmod or chown moves it) rather than check every dataset's files at
+/// every call. Streams, plans and warms always check afresh.
+#[derive(Default)]
+pub struct Proofs(Mutex<HashMap<(u32, u32), Proof>>);
+
+/// When a check passed, and the status-change time of the dataset's root then.
+type Proof = (Instant, Option<i128>);
+
+impl Proofs {
+    /// Whether `who` passed the check for dataset `id`, whose root is `root`, less than
+    /// PROOF_TTL ago and with the root's ctime as it is now.
+    pub fn fresh(&self, who: &Caller, id: u32, root: &Path) -> bool {
+        let Caller::Local(who) = who else {
+            return false;
+        };
+        let proofs = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        proofs
+            .get(&(who.uid, id))
+            .is_some_and(|(at, ctime)| at.elapsed() < PROOF_TTL && *ctime == ctime_of(root))
+    }
+
+    /// Notes that `who` passed the check for dataset `id`, whose root is `root`, now.
+    pub fn record(&self, who: &Caller, id: u32, root: &Path) {
+        if let Caller::Local(who) = who {
+            let ctime = ctime_of(root);
+            let mut proofs = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            proofs.retain(|_, (at, _)| at.elapsed() < PROOF_TTL);
+            proofs.insert((who.uid, id), (Instant::now(), ctime));
+        }
+    }
+}
+
+/// The status-change time of `path`, in nanoseconds.
+fn ctime_of(path: &Path) -> Option<i128> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some(m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128)
+}
+
+/// One grant of a dataset's `allow` list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Grant {
+    /// Every local user.
+    All,
+    User(u32),
+    Group(u32),
+}
+
+impl Grant {
+    /// Parses "all", "user:NAME" (or a uid) or "group:NAME" (or a gid).
+    pub fn parse(s: &str) -> Result<Grant, String> {
+        if s == "all" {
+            return Ok(Grant::All);
+        }
+        let (kind, name) = s.split_once(':').ok_or_else(|| {
+            format!(
+                "{} is not \"all\", \"user:NAME\" or \"group:NAME\"",
+                quote(s)
+            )
+        })?;
+        match kind {
+            "user" => name
+                .parse()
+                .ok()
+                .or_else(|| uid_of(name))
+                .map(Grant::User)
+                .ok_or_else(|| format!("no user {} on this machine", quote(name))),
+            "group" => name
+                .parse()
+                .ok()
+                .or_else(|| gid_of(name))
+                .map(Grant::Group)
+                .ok_or_else(|| format!("no group {} on this machine", quote(name))),
+            _ => Err(format!(
+                "{} is not \"all\", \"user:NAME\" or \"group:NAME\"",
+                quote(s)
+            )),
+        }
+    }
+
+    fn grants(&self, id: &Identity) -> bool {
+        match self {
+            Grant::All => true,
+            Grant::User(uid) => id.uid == *uid,
+            Grant::Group(gid) => id.groups.contains(gid),
+        }
+    }
+}
+
+/// What a dataset's access depends on: its grants, whether TCP clients may have it, and the
+/// files a user must be able to read to have it without a grant.
+pub struct Guard {
+    pub allow: Vec<Grant>,
+    pub tcp: bool,
+}
+
+/// Why a caller may not have a dataset.
+pub fn denied(dataset: &str, who: &Caller, why: &str) -> Error {
+    Error::new(
+        Kind::Denied,
+        format!(
+            "{} may not read dataset {}: {why}",
+            who.describe(),
+            quote(dataset)
+        ),
+    )
+}
+
+/// Whether `who` may have a dataset guarded by `guard` whose raw files are `files` (checked
+/// as the caller, on a thread of its own: call from a blocking context). Err says why not.
+pub fn check(guard: &Guard, who: &Caller, files: &[PathBuf]) -> Result<(), String> {
+    let id = match who {
+        Caller::Tcp if guard.tcp => return Ok(()),
+        Caller::Tcp => {
+            return Err(
+                "over TCP only datasets marked tcp = true are served (TCP has no \
+                        identity); use the daemon's Unix socket"
+                    .into(),
+            )
+        }
+        Caller::Local(id) => id,
+    };
+    if guard.allow.iter().any(|g| g.grants(id)) {
+        return Ok(());
+    }
+    let me = unsafe { libc::geteuid() };
+    if id.uid == 0 || id.uid == me {
+        // Root, or the daemon's own user: the daemon's own rights are theirs.
+        return first_unreadable(files).map_or(Ok(()), |(p, e)| Err(unreadable(&p, &e)));
+    }
+    let id = id.clone();
+    let files = files.to_vec();
+    let outcome = std::thread::spawn(move || as_user(&id, || first_unreadable(&files)))
+        .join()
+        .map_err(|_| "the access check failed".to_string())?;
+    match outcome {
+        Ok(None) => Ok(()),
+        Ok(Some((p, e))) => Err(unreadable(&p, &e)),
+        Err(e) => Err(format!(
+            "the daemon cannot check files as another user ({e}): run it as root or with \
+             CAP_SETUID and CAP_SETGID, or grant the dataset with allow = [...]"
+        )),
+    }
+}
+
+fn unreadable(path: &Path, e: &io::Error) -> String {
+    format!("cannot read {}: {e}", path.display())
+}
+
+/// The first of `files` this thread may not read, with why.
+fn first_unreadable(files: &[PathBuf]) -> Option<(PathBuf, io::Error)> {
+    files
+        .iter()
+        .find_map(|p| may_read(p).err().map(|e| (p.clone(), e)))
+}
+
+/// Whether this thread's file-system identity may read `path` (the kernel's answer: mode,
+/// groups, ACLs, every directory on the way). faccessat2 with AT_EACCESS checks with the
+/// thread's fsuid and fsgid; called directly, as glibc would emulate it by hand on a kernel
+/// without it, with the wrong ids.
+fn may_read(path: &Path) -> io::Result<()> {
+    let c = CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: a NUL-terminated path; plain integer arguments.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_faccessat2,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::R_OK,
+            libc::AT_EACCESS,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Runs `f` with this thread's file-system identity switched to `id` (groups, fsgid, fsuid),
+/// and switches back. Err when the switch does not take (no CAP_SETUID/CAP_SETGID). Only for
+/// a thread made for it: if switching back failed, the thread must end.
+fn as_user<T>(id: &Identity, f: impl FnOnce() -> T) -> io::Result<T> {
+    assert_ne!(id.uid, 0, "never switch to root");
+    let old_groups = thread_groups()?;
+    // SAFETY: setfsuid/setfsgid(-1) change nothing and return the current ids.
+    let (old_uid, old_gid) = unsafe { (libc::setfsuid(u32::MAX), libc::setfsgid(u32::MAX)) };
+    set_groups(&id.groups)?;
+    // SAFETY: plain syscalls on this thread's credentials.
+    unsafe {
+        libc::setfsgid(id.gid);
+        libc::setfsuid(id.uid);
+    }
+    // setfsuid says nothing when it fails: read the ids back.
+    let switched = unsafe { (libc::setfsuid(u32::MAX), libc::setfsgid(u32::MAX)) };
+    let out = (switched == (id.uid as i32, id.gid as i32)).then(f);
+    // SAFETY: as above; back to the daemon's ids (fsuid first: it brings back the
+    // capabilities that setting the groups needs).
+    unsafe {
+        libc::setfsuid(old_uid as u32);
+        libc::setfsgid(old_gid as u32);
+    }
+    set_groups(&old_groups).expect("restoring the thread's groups");
+    let back = unsafe { (libc::setfsuid(u32::MAX), libc::setfsgid(u32::MAX)) };
+    assert_eq!(back, (old_uid, old_gid), "restoring the thread's identity");
+    out.ok_or_else(|| io::Error::from(io::ErrorKind::PermissionDenied))
+}
+
+/// This thread's supplementary groups.
+fn thread_groups() -> io::Result<Vec<u32>> {
+    // SAFETY: a size query, then a buffer of that size.
+    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut groups = vec![0u32; n as usize];
+    let n = unsafe { libc::getgroups(n, groups.as_mut_ptr()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    groups.truncate(n as usize);
+    Ok(groups)
+}
+
+/// Sets this thread's supplementary groups only (the raw system call: glibc's wrapper sets
+/// every thread's).
+fn set_groups(groups: &[u32]) -> io::Result<()> {
+    // SAFETY: a pointer to `groups.len()` gids.
+    let rc = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The user's name and primary group.
+fn user_name(uid: u32) -> Option<(CString, u32)> {
+    let mut buf = vec![0u8; 16384];
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut out = std::ptr::null_mut();
+    // SAFETY: getpwuid_r writes into `pwd` and `buf` (of the length given).
+    let rc =
+        unsafe { libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr().cast(), buf.len(), &mut out) };
+    if rc != 0 || out.is_null() {
+        return None;
+    }
+    // SAFETY: pw_name points into `buf`, NUL-terminated.
+    let name = unsafe { CStr::from_ptr(pwd.pw_name) }.to_owned();
+    Some((name, pwd.pw_gid))
+}
+
+/// The groups of user `name` whose primary group is `gid`.
+fn group_list(name: &CStr, gid: u32) -> Vec<u32> {
+    let mut n: libc::c_int = 64;
+    loop {
+        let mut groups = vec![0u32; n as usize];
+        let asked = n;
+        // SAFETY: `groups` holds `n` gids; getgrouplist writes at most that many and says how
+        // many it needs.
+        let rc = unsafe { libc::getgrouplist(name.as_ptr(), gid, groups.as_mut_ptr(), &mut n) };
+        if rc >= 0 {
+            groups.truncate(n as usize);
+            return groups;
+        }
+        if n <= asked {
+            return vec![gid];
+        }
+    }
+}
+
+fn uid_of(name: &str) -> Option<u32> {
+    let c = CString::new(name).ok()?;
+    let mut buf = vec![0u8; 16384];
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut out = std::ptr::null_mut();
+    // SAFETY: as in user_name.
+    let rc = unsafe {
+        libc::getpwnam_r(
+            c.as_ptr(),
+            &mut pwd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut out,
+        )
+    };
+    (rc == 0 && !out.is_null()).then_some(pwd.pw_uid)
+}
+
+fn gid_of(name: &str) -> Option<u32> {
+    let c = CString::new(name).ok()?;
+    let mut buf = vec![0u8; 16384];
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut out = std::ptr::null_mut();
+    // SAFETY: getgrnam_r writes into `grp` and `buf` (of the length given).
+    let rc = unsafe {
+        libc::getgrnam_r(
+            c.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut out,
+        )
+    };
+    (rc == 0 && !out.is_null()).then_some(grp.gr_gid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grants_parse_and_match() {
+        assert_eq!(Grant::parse("all"), Ok(Grant::All));
+        assert_eq!(Grant::parse("user:0"), Ok(Grant::User(0)));
+        assert_eq!(Grant::parse("user:root"), Ok(Grant::User(0)));
+        assert_eq!(Grant::parse("group:root"), Ok(Grant::Group(0)));
+        assert!(Grant::parse("user:no-such-user-here").is_err());
+        assert!(Grant::parse("everyone").is_err());
+        let id = Identity {
+            uid: 1234,
+            gid: 50,
+            groups: vec![50, 60],
+            pid: None,
+        };
+        assert!(Grant::Group(60).grants(&id));
+        assert!(!Grant::Group(70).grants(&id));
+        assert!(Grant::User(1234).grants(&id));
+    }
+
+    #[test]
+    fn tcp_callers_get_only_tcp_datasets() {
+        let open = Guard {
+            allow: vec![],
+            tcp: true,
+        };
+        let closed = Guard {
+            allow: vec![Grant::All],
+            tcp: false,
+        };
+        assert!(check(&open, &Caller::Tcp, &[]).is_ok());
+        assert!(check(&closed, &Caller::Tcp, &[]).is_err());
+    }
+
+    #[test]
+    fn the_daemons_own_user_is_checked_with_its_own_rights() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let me = Caller::Local(Arc::new(Identity::of_user(
+            unsafe { libc::geteuid() },
+            unsafe { libc::getegid() },
+            None,
+        )));
+        let guard = Guard {
+            allow: vec![],
+            tcp: false,
+        };
+        assert!(check(&guard, &me, std::slice::from_ref(&file)).is_ok());
+        let missing = dir.path().join("missing");
+        let err = check(&guard, &me, &[missing]).unwrap_err();
+        assert!(err.contains("cannot read"), "{err}");
+    }
+}
