@@ -9,7 +9,8 @@ use crate::pipeline::{Crop, Pipeline, Preprocess, Spatial};
 use crate::source::{RawSample, RawSource};
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 pub struct Dataset {
     /// Small integer id used in cache keys.
@@ -227,12 +228,43 @@ impl Dataset {
     }
 }
 
+/// The datasets served, changing while the daemon runs: a config reloaded adds, removes and
+/// reopens datasets; one that did not open is tried again; one whose files changed is opened
+/// again. Streams hold the `Arc<Dataset>` they started with, so a dataset removed or replaced
+/// finishes its open streams as it was.
 #[derive(Default)]
 pub struct Catalog {
+    state: RwLock<State>,
+    /// The id the next dataset opened gets: never reused, so the tiers never mix an old
+    /// version's samples with a new one's (their keys hold the id).
+    next_id: AtomicU32,
+}
+
+#[derive(Default)]
+struct State {
     /// The datasets served, by name.
-    datasets: BTreeMap<String, Arc<Dataset>>,
-    /// The datasets of the config that did not open, by name: why (the others are served).
-    failed: BTreeMap<String, String>,
+    served: BTreeMap<String, Served>,
+    /// The datasets of the config that do not open, by name (the others are served).
+    failed: BTreeMap<String, Failed>,
+}
+
+struct Served {
+    dataset: Arc<Dataset>,
+    /// The table it was opened from, as text: a reload that changes it reopens it.
+    config: String,
+}
+
+struct Failed {
+    why: String,
+    config: DatasetConfig,
+}
+
+/// What a reconcile did: the datasets opened (new, or replacing `replaced`), and those gone.
+#[derive(Default)]
+pub struct Changes {
+    pub opened: Vec<Arc<Dataset>>,
+    /// Ids of datasets replaced or removed: their scratch tiers are to be let go.
+    pub dropped: Vec<u32>,
 }
 
 impl Catalog {
@@ -240,40 +272,141 @@ impl Catalog {
     /// a type larder does not serve) is logged and left out, with why, and the others served:
     /// one bad entry does not take the daemon from everyone.
     pub fn open(configs: &[DatasetConfig], limits: Limits) -> Catalog {
-        let mut catalog = Catalog::default();
-        for (id, c) in configs.iter().enumerate() {
-            match open_dataset(id as u32, c, limits) {
-                Ok(dataset) => catalog.add(dataset),
-                Err(e) => {
-                    let why = format!("{e:#}");
-                    tracing::error!(dataset = %c.name, "not serving the dataset: it does not open: {why}");
-                    catalog.failed.insert(c.name.clone(), why);
-                }
-            }
-        }
+        let catalog = Catalog::default();
+        catalog.reconcile(configs, limits);
         catalog
     }
 
-    /// Why dataset `name` of the config is not served, if it did not open.
-    pub fn failed(&self, name: &str) -> Option<&str> {
-        self.failed.get(name).map(String::as_str)
+    /// Brings the datasets served in line with `configs` (blocking: it opens files): opens the
+    /// new ones and those that failed before, reopens those whose table changed or whose files
+    /// changed under the daemon, and stops serving those no longer listed.
+    pub fn reconcile(&self, configs: &[DatasetConfig], limits: Limits) -> Changes {
+        let mut changes = Changes::default();
+        let wanted: BTreeMap<&str, &DatasetConfig> =
+            configs.iter().map(|c| (c.name.as_str(), c)).collect();
+        {
+            let mut state = self.write();
+            let gone: Vec<String> = state
+                .served
+                .keys()
+                .filter(|n| !wanted.contains_key(n.as_str()))
+                .cloned()
+                .collect();
+            for name in gone {
+                let s = state.served.remove(&name).expect("listed");
+                tracing::info!(dataset = %name, "no longer in the config: not served to new streams");
+                changes.dropped.push(s.dataset.id);
+            }
+            state.failed.retain(|n, _| wanted.contains_key(n.as_str()));
+        }
+        for c in configs {
+            let text = format!("{c:?}");
+            let stale = {
+                let state = self.read();
+                match state.served.get(&c.name) {
+                    Some(s) if s.config != text => {
+                        Some("its table in the config changed".to_string())
+                    }
+                    Some(s) => s.dataset.source.changed(),
+                    None => Some(String::new()),
+                }
+            };
+            let Some(why) = stale else {
+                continue;
+            };
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            match open_dataset(id, c, limits) {
+                Ok(ds) => {
+                    if !why.is_empty() {
+                        tracing::info!(dataset = %c.name, "opened again: {why}");
+                    }
+                    let ds = Arc::new(ds);
+                    let mut state = self.write();
+                    state.failed.remove(&c.name);
+                    let old = state.served.insert(
+                        c.name.clone(),
+                        Served {
+                            dataset: ds.clone(),
+                            config: text,
+                        },
+                    );
+                    changes.dropped.extend(old.map(|o| o.dataset.id));
+                    changes.opened.push(ds);
+                }
+                Err(e) => {
+                    let why = format!("{e:#}");
+                    let mut state = self.write();
+                    let before = state.failed.get(&c.name).map(|f| f.why.clone());
+                    if before.as_deref() != Some(why.as_str()) {
+                        tracing::error!(dataset = %c.name, "not serving the dataset: it does not open: {why}");
+                    }
+                    if let Some(old) = state.served.remove(&c.name) {
+                        changes.dropped.push(old.dataset.id);
+                    }
+                    state.failed.insert(
+                        c.name.clone(),
+                        Failed {
+                            why,
+                            config: c.clone(),
+                        },
+                    );
+                }
+            }
+        }
+        changes
     }
 
-    pub fn add(&mut self, dataset: Dataset) {
-        self.datasets
-            .insert(dataset.name.clone(), Arc::new(dataset));
+    /// The tables of the datasets that do not open now, to try again.
+    pub fn failed_configs(&self) -> Vec<DatasetConfig> {
+        self.read()
+            .failed
+            .values()
+            .map(|f| f.config.clone())
+            .collect()
+    }
+
+    /// Why dataset `name` of the config is not served, if it did not open.
+    pub fn failed(&self, name: &str) -> Option<String> {
+        self.read().failed.get(name).map(|f| f.why.clone())
+    }
+
+    /// Serves `dataset` (made by hand, not from a config: tests, benches).
+    pub fn add(&self, mut dataset: Dataset) -> Arc<Dataset> {
+        dataset.id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let ds = Arc::new(dataset);
+        self.write().served.insert(
+            ds.name.clone(),
+            Served {
+                dataset: ds.clone(),
+                config: String::new(),
+            },
+        );
+        ds
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<Dataset>> {
-        self.datasets.get(name).cloned()
+        self.read().served.get(name).map(|s| s.dataset.clone())
     }
 
-    pub fn names(&self) -> Vec<&str> {
-        self.datasets.keys().map(String::as_str).collect()
+    pub fn names(&self) -> Vec<String> {
+        self.read().served.keys().cloned().collect()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Dataset>> {
-        self.datasets.values()
+    /// The datasets served now.
+    pub fn all(&self) -> Vec<Arc<Dataset>> {
+        self.read()
+            .served
+            .values()
+            .map(|s| s.dataset.clone())
+            .collect()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 }
 

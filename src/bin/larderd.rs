@@ -40,6 +40,25 @@ async fn main() -> Result<()> {
             .with_context(|| format!("writing the address to {}", path.display()))?;
     }
     let stop = daemon.shutdown_handle();
+    let datasets = daemon.datasets();
+    let path = args.config.clone();
+    tokio::spawn(async move {
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .expect("installing the SIGHUP handler");
+        while hup.recv().await.is_some() {
+            notify(&format!("RELOADING=1\nMONOTONIC_USEC={}", monotonic_usec()));
+            match larder::config::Config::load(&path) {
+                Ok(config) => {
+                    tracing::info!(config = %path.display(), "reloading the datasets");
+                    datasets.reload(config.datasets).await;
+                }
+                Err(e) => tracing::error!("not reloading: {e:#}"),
+            }
+            notify("READY=1");
+        }
+    });
+    // Listening: systemd (Type=notify) may start what depends on larder.
+    notify("READY=1");
     tokio::spawn(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("installing the SIGTERM handler");
@@ -48,7 +67,42 @@ async fn main() -> Result<()> {
             _ = term.recv() => {}
         }
         tracing::info!("shutting down");
+        notify("STOPPING=1");
         stop.fire();
     });
     daemon.wait().await
+}
+
+/// Tells systemd about the daemon's state (sd_notify), when it runs under a unit of
+/// Type=notify (NOTIFY_SOCKET set); else does nothing.
+fn notify(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let sent = (|| -> std::io::Result<()> {
+        let sock = std::os::unix::net::UnixDatagram::unbound()?;
+        let bytes = path.as_encoded_bytes();
+        if let Some(name) = bytes.strip_prefix(b"@") {
+            use std::os::linux::net::SocketAddrExt;
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
+            sock.send_to_addr(state.as_bytes(), &addr)?;
+        } else {
+            sock.send_to(state.as_bytes(), &path)?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = sent {
+        tracing::warn!("telling systemd {state:?}: {e}");
+    }
+}
+
+/// CLOCK_MONOTONIC in microseconds, as systemd wants it with RELOADING=1.
+fn monotonic_usec() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000
 }

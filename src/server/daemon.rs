@@ -2,6 +2,7 @@
 //! socket until it is asked to stop.
 
 use super::buffers::{MessageBuffers, SPARE_IDLE};
+use super::datasets::Datasets;
 use super::sent::CountedBody;
 use super::service::Service;
 use super::shm::{self, Rings};
@@ -35,6 +36,9 @@ pub struct Daemon {
     /// The memory watcher and the task that frees idle message buffers.
     watcher: JoinHandle<()>,
     trimmer: JoinHandle<()>,
+    /// The datasets kept current (reload, retry, reopen), and the task that rechecks them.
+    datasets: Datasets,
+    keeper: JoinHandle<()>,
 }
 
 impl Daemon {
@@ -72,8 +76,8 @@ impl Daemon {
             metrics.clone(),
             workers,
         )?;
-        for ds in catalog.iter() {
-            store.add(ds);
+        for ds in catalog.all() {
+            store.add(&ds);
         }
         store.remove_unused_scratch();
         let streams = Streams::new(memory.clone(), metrics.clone());
@@ -92,6 +96,13 @@ impl Daemon {
         let trimmer = tokio::spawn(trim_idle_buffers(buffers.clone()));
         let catalog = Arc::new(catalog);
         let (shutdown, shutdown_rx) = shutdown::channel();
+        let datasets = Datasets::new(
+            catalog.clone(),
+            store.clone(),
+            config.datasets.clone(),
+            config.limits,
+        );
+        let keeper = tokio::spawn(datasets.clone().keep_current(shutdown.subscribe()));
         let rings = Rings::new(config.shm_budget_bytes(total));
         let service = Service::new(
             catalog.clone(),
@@ -136,7 +147,14 @@ impl Daemon {
             servers,
             watcher,
             trimmer,
+            datasets,
+            keeper,
         })
+    }
+
+    /// The handle that reloads the datasets (larderd calls it on SIGHUP).
+    pub fn datasets(&self) -> Datasets {
+        self.datasets.clone()
     }
 
     /// The address a client should connect to: TCP if it listens there, else the Unix socket.
@@ -161,6 +179,7 @@ impl Daemon {
         }
         self.watcher.abort();
         self.trimmer.abort();
+        self.keeper.abort();
         if let Some(p) = &self.unix_socket {
             let _ = std::fs::remove_file(p);
         }
@@ -295,7 +314,7 @@ fn log_capacity_plan(catalog: &Catalog, budget: u64, expansion_factor: f64) {
         expansion_factor,
         "memory tier budget"
     );
-    for ds in catalog.iter() {
+    for ds in catalog.all() {
         let disk = ds.source.disk_bytes();
         let planned = (disk as f64 * expansion_factor) as u64;
         let fraction = if planned == 0 {

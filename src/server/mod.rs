@@ -4,11 +4,13 @@
 //! batch's fields laid out for the message or a slot), `shm` (shared-memory rings for clients on
 //! the Unix socket), `buffers` (message buffers reused by the bytes path), `sent` (encoded
 //! messages counted until sent), `shutdown` (the daemon's stop, a type every part holds),
-//! `daemon` (wiring and listeners).
+//! `datasets` (the catalog kept current: reload, retry, reopen), `daemon` (wiring and
+//! listeners).
 
 mod admission;
 pub mod buffers;
 mod daemon;
+pub mod datasets;
 mod layout;
 mod sent;
 mod service;

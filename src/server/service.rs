@@ -95,7 +95,7 @@ impl Service {
             shm_rings,
             shm_bytes,
             shm_budget_bytes,
-            bad_samples: self.catalog.iter().map(|d| d.bad_count()).sum(),
+            bad_samples: self.catalog.all().iter().map(|d| d.bad_count()).sum(),
             message_buffer_spare_bytes: spare,
             message_buffer_in_flight_bytes: in_flight,
             accounted_bytes: mem.bytes + shm_bytes + spare + in_flight,
@@ -270,9 +270,9 @@ impl Larder for Service {
     ) -> Result<Response<ListDatasetsResponse>, Status> {
         let who = Caller::of(&request);
         let mut datasets: Vec<DatasetInfo> = vec![];
-        for ds in self.catalog.iter() {
+        for ds in self.catalog.all() {
             let root = ds.source.root();
-            if self.proofs.fresh(&who, ds.id, root) || admit(ds, &who).await.is_ok() {
+            if self.proofs.fresh(&who, ds.id, root) || admit(&ds, &who).await.is_ok() {
                 self.proofs.record(&who, ds.id, root);
                 datasets.push(ds.info());
             }
@@ -288,8 +288,8 @@ impl Larder for Service {
         let name = request.into_inner().dataset;
         let datasets: Vec<Arc<Dataset>> = if name.is_empty() {
             let mut mine = vec![];
-            for ds in self.catalog.iter() {
-                if admit(ds, &who).await.is_ok() {
+            for ds in self.catalog.all() {
+                if admit(&ds, &who).await.is_ok() {
                     mine.push(ds.clone());
                 }
             }

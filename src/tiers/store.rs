@@ -92,6 +92,12 @@ impl Store {
         }
     }
 
+    /// Lets go of the scratch tier of dataset `id` (removed from the config, or replaced by a
+    /// newer version): its shards stay on disk until the next start.
+    pub fn forget(&self, id: u32) {
+        self.lock_scratch().remove(&id);
+    }
+
     /// The scratch shards of `ds`, if it has any.
     pub fn scratch_of(&self, ds: &Dataset) -> Option<Arc<ScratchTier>> {
         self.lock_scratch().get(&ds.id).cloned()

@@ -1,0 +1,90 @@
+//! Keeps the datasets served current while the daemon runs: a reloaded config (SIGHUP) adds,
+//! removes and reopens datasets; every [`RECHECK`] the datasets that did not open are tried
+//! again and those whose files changed are opened again. Open streams keep the dataset they
+//! started with and finish as it was.
+
+use super::shutdown::Shutdown;
+use crate::catalog::{Catalog, Changes};
+use crate::config::{DatasetConfig, Limits};
+use crate::tiers::store::Store;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How often datasets that did not open are tried again, and files checked for changes (a
+/// stream also checks its dataset's files when it opens and after every read).
+pub const RECHECK: Duration = Duration::from_secs(10);
+
+/// The catalog, the store and the config's dataset tables, kept in line.
+#[derive(Clone)]
+pub struct Datasets {
+    catalog: Arc<Catalog>,
+    store: Arc<Store>,
+    /// The `[[dataset]]` tables of the config last loaded.
+    configs: Arc<Mutex<Vec<DatasetConfig>>>,
+    limits: Limits,
+    /// One reconcile at a time (a reload during a recheck waits for it).
+    busy: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Datasets {
+    pub fn new(
+        catalog: Arc<Catalog>,
+        store: Arc<Store>,
+        configs: Vec<DatasetConfig>,
+        limits: Limits,
+    ) -> Datasets {
+        Datasets {
+            catalog,
+            store,
+            configs: Arc::new(Mutex::new(configs)),
+            limits,
+            busy: Default::default(),
+        }
+    }
+
+    /// Serves the datasets of `configs` from now on (a reloaded config): new ones are opened,
+    /// changed ones reopened, removed ones stop taking new streams.
+    pub async fn reload(&self, configs: Vec<DatasetConfig>) {
+        *self.configs.lock().unwrap_or_else(|e| e.into_inner()) = configs;
+        self.reconcile().await;
+    }
+
+    /// Brings the catalog in line with the config and the files on disk.
+    pub async fn reconcile(&self) {
+        let _one = self.busy.lock().await;
+        let configs = self
+            .configs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let (catalog, limits) = (self.catalog.clone(), self.limits);
+        let changes =
+            tokio::task::spawn_blocking(move || catalog.reconcile(&configs, limits)).await;
+        match changes {
+            Ok(changes) => self.apply(changes),
+            Err(e) => tracing::error!("reopening datasets failed: {e}"),
+        }
+    }
+
+    /// The store serves the datasets opened and lets go of those dropped.
+    fn apply(&self, changes: Changes) {
+        for id in changes.dropped {
+            self.store.forget(id);
+        }
+        for ds in &changes.opened {
+            self.store.add(ds);
+        }
+    }
+
+    /// Reconciles every RECHECK until the daemon stops.
+    pub async fn keep_current(self, mut stop: Shutdown) {
+        let mut ticker = tokio::time::interval(RECHECK);
+        ticker.tick().await;
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => self.reconcile().await,
+                _ = stop.stopped() => return,
+            }
+        }
+    }
+}

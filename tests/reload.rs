@@ -1,0 +1,156 @@
+//! Datasets while larderd runs: one that does not open is served once it can be, a SIGHUP
+//! reload adds and removes datasets while a stream runs to its end unharmed, and a file
+//! replaced under the daemon is served as it is now, never as it was.
+
+mod common;
+
+use larder::client::{collect_batches, connect, Client};
+use larder::proto::StreamBatchesRequest;
+use larder::synthetic::make_dataset;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tonic::Code;
+
+struct Larderd {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Drop for Larderd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Larderd {
+    async fn client(&self) -> Client {
+        connect(&format!("unix:{}", self.socket.display()))
+            .await
+            .unwrap()
+    }
+
+    fn hangup(&self) {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success());
+    }
+}
+
+fn write_config(dir: &Path, names: &[&str]) {
+    let mut text = format!(
+        "unix_socket = {:?}\n[scratch]\nenabled = false\n",
+        dir.join("larder.sock")
+    );
+    for n in names {
+        text += &format!("[[dataset]]\nname = \"{n}\"\npath = \"{n}.h5\"\nlabels = \"labels\"\n");
+    }
+    std::fs::write(dir.join("larder.toml"), text).unwrap();
+}
+
+fn start(dir: &Path) -> Larderd {
+    let child = Command::new(env!("CARGO_BIN_EXE_larderd"))
+        .arg("--config")
+        .arg(dir.join("larder.toml"))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let socket = dir.join("larder.sock");
+    let started = Instant::now();
+    while !socket.exists() {
+        assert!(started.elapsed() < Duration::from_secs(20), "no socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Larderd { child, socket }
+}
+
+fn req(name: &str, batch_size: u32) -> StreamBatchesRequest {
+    StreamBatchesRequest {
+        dataset: name.into(),
+        batch_size,
+        world_size: 1,
+        ..Default::default()
+    }
+}
+
+/// Streams dataset `name` until it serves (up to `within`); its batches.
+async fn served_within(d: &Larderd, name: &str, within: Duration) -> Vec<larder::proto::Batch> {
+    let started = Instant::now();
+    loop {
+        match collect_batches(&mut d.client().await, req(name, 10)).await {
+            Ok(b) => return b,
+            Err(e) if started.elapsed() < within => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{name} not served after {within:?}: {e:#}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn datasets_come_and_go_while_streams_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path();
+    make_dataset(&p.join("a.h5"), 300, &[2, 4, 4]).unwrap();
+    write_config(p, &["a", "b"]);
+    let d = start(p);
+
+    // b's file is missing: reported, then served once it appears.
+    let status = d
+        .client()
+        .await
+        .stream_batches(req("b", 10))
+        .await
+        .expect_err("b does not open");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("b.h5"), "{status:?}");
+    make_dataset(&p.join("b.h5"), 50, &[2, 4, 4]).unwrap();
+    common::check_epoch(&served_within(&d, "b", Duration::from_secs(25)).await, 50);
+
+    // A stream of a runs while a reload removes a and adds c: it ends whole.
+    let mut slow = d.client().await;
+    let mut stream = slow.stream_batches(req("a", 1)).await.unwrap().into_inner();
+    let mut got = vec![stream.message().await.unwrap().unwrap()];
+    make_dataset(&p.join("c.h5"), 30, &[2, 4, 4]).unwrap();
+    write_config(p, &["b", "c"]);
+    d.hangup();
+    common::check_epoch(&served_within(&d, "c", Duration::from_secs(10)).await, 30);
+    while let Some(b) = stream.message().await.unwrap() {
+        got.push(b);
+    }
+    common::check_epoch(&got, 300);
+    let status = d
+        .client()
+        .await
+        .stream_batches(req("a", 10))
+        .await
+        .expect_err("a is gone");
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+
+    // b replaced by a file of 70 samples: served as it is now, never the 50 of before.
+    make_dataset(&p.join("b.new.h5"), 70, &[2, 4, 4]).unwrap();
+    std::fs::rename(p.join("b.new.h5"), p.join("b.h5")).unwrap();
+    let started = Instant::now();
+    loop {
+        match collect_batches(&mut d.client().await, req("b", 10)).await {
+            Ok(b) if common::ids(&b).len() == 70 => {
+                common::check_epoch(&b, 70);
+                break;
+            }
+            Ok(b) => panic!("served {} samples of the old file", common::ids(&b).len()),
+            Err(e) => {
+                assert!(
+                    format!("{e:#}").contains("changed since the daemon opened it"),
+                    "{e:#}"
+                );
+                assert!(started.elapsed() < Duration::from_secs(25), "not reopened");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
