@@ -3,9 +3,12 @@
 set -euo pipefail
 cargo build --release --locked
 install -m 0755 target/release/larderd target/release/larder /usr/local/bin/
-id -u larder >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin larder
+# The daemon's own user and group; users in group larder may connect to its socket.
+id -u larder >/dev/null 2>&1 || useradd --system --user-group --no-create-home --shell /usr/sbin/nologin larder
 install -d -m 0755 /etc/larder
 [ -e /etc/larder/larder.toml ] || install -m 0644 deploy/larder.toml /etc/larder/larder.toml
 install -m 0644 deploy/larderd.service /etc/systemd/system/larderd.service
 systemctl daemon-reload
-echo "edit /etc/larder/larder.toml, then: systemctl enable --now larderd"
+echo "edit /etc/larder/larder.toml (datasets must be readable by user larder), then:"
+echo "  systemctl enable --now larderd"
+echo "  usermod -aG larder USER    # for each user who may connect (then they log in again)"

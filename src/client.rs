@@ -8,6 +8,11 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 pub type Client = LarderClient<Channel>;
 
+/// Where clients look for the daemon unless told otherwise ($LARDER_ADDR, --addr): the Unix
+/// socket of the systemd unit, where the daemon knows who is asking and batches can come in
+/// shared memory.
+pub const DEFAULT_ADDR: &str = "unix:/run/larder/larder.sock";
+
 /// Connects to `addr`: "http://host:port", "host:port", or "unix:/path/to/socket".
 pub async fn connect(addr: &str) -> Result<Client> {
     let channel = if let Some(path) = addr.strip_prefix("unix:") {
@@ -32,7 +37,12 @@ pub async fn connect(addr: &str) -> Result<Client> {
             .connect()
             .await
     }
-    .with_context(|| format!("connecting to larderd at {addr}"))?;
+    .with_context(|| {
+        format!(
+            "connecting to larderd at {addr}: no larder daemon there; is larderd running? \
+             (systemctl status larderd; set LARDER_ADDR or --addr for another address)"
+        )
+    })?;
     Ok(LarderClient::new(channel).max_decoding_message_size(usize::MAX))
 }
 

@@ -10,14 +10,15 @@ pub const DEFAULT_EXPANSION_FACTOR: f64 = 2.5;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// TCP address to listen on, e.g. "127.0.0.1:7878". Optional if `unix_socket` is set.
+    /// TCP address to listen on, e.g. "127.0.0.1:7878" (default: none). TCP clients have no
+    /// identity and get only datasets marked `tcp = true`.
     #[serde(default)]
     pub listen: Option<String>,
     /// Unix socket path to listen on.
     #[serde(default)]
     pub unix_socket: Option<PathBuf>,
-    /// Permissions of the Unix socket; connecting needs write permission. Default 0o666: every
-    /// user of the workstation may connect.
+    /// Permissions of the Unix socket; connecting needs write permission. Default 0o660: the
+    /// daemon's user and group (`larder` under the unit) may connect; 0o666 lets every user.
     #[serde(default = "default_socket_mode")]
     pub unix_socket_mode: u32,
     #[serde(default)]
@@ -400,7 +401,7 @@ fn default_scratch_dir() -> PathBuf {
     PathBuf::from("/var/cache/larder")
 }
 fn default_socket_mode() -> u32 {
-    0o666
+    0o660
 }
 fn default_shard_bytes() -> u64 {
     256 << 20

@@ -132,7 +132,7 @@ fn each_user_reads_through_larder_only_what_they_could_read_themselves() {
     std::fs::write(
         &config,
         format!(
-            "unix_socket = {socket:?}\n[scratch]\ndir = {:?}\n{}{}{}{}",
+            "unix_socket = {socket:?}\nunix_socket_mode = 0o666\n[scratch]\ndir = {:?}\n{}{}{}{}",
             root.join("scratch"),
             table("public", &public, ""),
             table("secret", &secret, ""),

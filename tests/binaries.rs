@@ -51,7 +51,7 @@ fn larderd_serves_the_cli_over_a_unix_socket_and_stops_on_sigterm() {
     let addr = format!("unix:{}", socket.display());
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode, 0o666, "every user of the workstation may connect");
+    assert_eq!(mode, 0o660, "the daemon's user and group may connect");
 
     let datasets = larder(&addr, &["datasets"]);
     assert!(datasets.contains("train"), "{datasets}");

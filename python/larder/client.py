@@ -21,7 +21,17 @@ from larder.wire import RawBatch
 
 log = logging.getLogger("larder")
 
-DEFAULT_ADDRESS = "127.0.0.1:7878"
+# The daemon's Unix socket under its systemd unit: where it knows who is asking, and where
+# batches come in shared memory. $LARDER_ADDR or `address=` for another ("host:port" for TCP).
+DEFAULT_ADDRESS = "unix:/run/larder/larder.sock"
+
+
+def _unreachable(address: str, details: str) -> str:
+    """What to say when no daemon answers at `address`, in words rather than gRPC's."""
+    return (
+        f"no larder daemon at {address}: is larderd running? (systemctl status larderd; "
+        f"set LARDER_ADDR or address= for another address) [{details}]"
+    )
 
 # Status codes after which a stream is retried from its next batch: the daemon is restarting,
 # unreachable, or went away mid-stream.
@@ -233,6 +243,8 @@ class Client:
         try:
             return method(request)
         except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                raise LarderError(_unreachable(self.address, e.details()), e.code()) from None
             raise LarderError(f"{e.details()} ({self.address})", e.code()) from None
 
     def datasets(self) -> List["pb.DatasetInfo"]:
@@ -450,8 +462,7 @@ class Client:
                         retry_until = now + self.reconnect_timeout
                     if now >= retry_until:
                         raise LarderError(
-                            f"larderd at {self.address} unreachable for {self.reconnect_timeout:.0f}s: "
-                            f"{details}",
+                            _unreachable(self.address, f"for {self.reconnect_timeout:.0f} s: {details}"),
                             code,
                         ) from None
                     log.warning("larderd stream interrupted (%s); resuming at batch %d", details, next_batch)

@@ -8,12 +8,12 @@ use larder::proto::{GetStatsRequest, ListBadSamplesRequest, ListDatasetsRequest,
 #[derive(Parser)]
 #[command(version, about = "larder command-line client")]
 struct Args {
-    /// Daemon address: http://HOST:PORT or unix:/path/to/socket.
+    /// Daemon address: unix:/path/to/socket or http://HOST:PORT.
     #[arg(
         long,
         global = true,
         env = "LARDER_ADDR",
-        default_value = "http://127.0.0.1:7878"
+        default_value = larder::client::DEFAULT_ADDR
     )]
     addr: String,
     #[command(subcommand)]
