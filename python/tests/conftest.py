@@ -1,9 +1,9 @@
 """Fixtures: real HDF5 files and a real larderd process (built by the README's test command)."""
 
+import ctypes
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import time
 
@@ -38,6 +38,56 @@ def sample_ids(images, labels, n: int = 300) -> list:
     return out
 
 
+def buffer_span(buf) -> tuple:
+    """(first address, end address) of the memory of `buf`: a bytes object (its own bytes,
+    through ctypes, no copy) or a writable buffer such as the mmap of a shared-memory ring."""
+    if isinstance(buf, bytes):
+        start = ctypes.cast(ctypes.c_char_p(buf), ctypes.c_void_p).value
+    else:
+        view = ctypes.c_char.from_buffer(buf)  # exports buf while it lives: dropped at once
+        start = ctypes.addressof(view)
+        del view
+    return start, start + len(buf)
+
+
+def data_span(arr: np.ndarray) -> tuple:
+    """(first address, end address) of the bytes an array's elements lie in (C-contiguous)."""
+    assert arr.flags.c_contiguous
+    start = arr.__array_interface__["data"][0]
+    return start, start + arr.nbytes
+
+
+def within(arr: np.ndarray, span: tuple) -> bool:
+    """Whether every byte of `arr` lies inside the memory `span` (from buffer_span)."""
+    start, end = data_span(arr)
+    return span[0] <= start and end <= span[1]
+
+
+def ring_span(ring) -> tuple:
+    """(first address, end address) of the slots of a larder.shm.Ring as this process maps it."""
+    start, end = buffer_span(ring._mm)
+    assert end - start == ring.size
+    return start + ring.header, end
+
+
+def ring_maps(pid: int) -> set:
+    """The shared-memory rings process `pid` maps: (first address, end address, inode) of each
+    of its mappings of a memfd named larder-ring ("/memfd:larder-ring (deleted)" in its maps:
+    anonymous memory, in no filesystem)."""
+    maps = set()
+    for line in open(f"/proc/{pid}/maps"):
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5].startswith("/memfd:larder-ring"):
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            maps.add((lo, hi, int(parts[4])))
+    return maps
+
+
+def in_a_ring(arr: np.ndarray) -> bool:
+    """Whether every byte of `arr` lies in a shared-memory ring this process maps."""
+    return any(within(arr, (lo, hi)) for lo, hi, _ in ring_maps(os.getpid()))
+
+
 def make_h5(path: pathlib.Path, n: int, shape=SHAPE) -> None:
     length = int(np.prod(shape))
     data = np.stack([sample(i, length) for i in range(n)]).reshape((n,) + tuple(shape))
@@ -46,34 +96,65 @@ def make_h5(path: pathlib.Path, n: int, shape=SHAPE) -> None:
         f.create_dataset("labels", data=np.arange(n, dtype=np.int64) % 10)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def larderd_binary() -> pathlib.Path:
-    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
-    path = pathlib.Path(os.environ.get("LARDERD_BIN", target / "debug" / "larderd"))
+def _binary(name: str, override: str) -> pathlib.Path:
+    """target/debug/NAME of this checkout, under $CARGO_TARGET_DIR when it is set (relative to
+    the repository, where ./scripts/test runs cargo), or $OVERRIDE itself."""
+    target = REPO / os.environ.get("CARGO_TARGET_DIR", "target")
+    path = pathlib.Path(os.environ.get(override, target / "debug" / name))
     if not path.exists():
-        pytest.fail(f"{path} not found: run `cargo build --bin larderd` (./scripts/test does)")
+        pytest.fail(f"{path} not found: run `cargo build --bin {name}` (./scripts/test does), "
+                    f"or set {override}")
     return path
 
 
-class Daemon:
-    """larderd on a Unix socket and a TCP port, from a config written to tmp_path."""
+def larderd_binary() -> pathlib.Path:
+    """The daemon: $LARDERD_BIN, else target/debug/larderd (see _binary)."""
+    return _binary("larderd", "LARDERD_BIN")
 
-    def __init__(self, tmp_path: pathlib.Path, datasets: str, extra: str = ""):
+
+def larder_binary() -> pathlib.Path:
+    """The command-line client: $LARDER_BIN, else target/debug/larder (see _binary)."""
+    return _binary("larder", "LARDER_BIN")
+
+
+def wait_for_address(proc: subprocess.Popen, path: pathlib.Path, log: str, timeout: float = 20) -> str:
+    """The address larderd `proc`, started with `--address-file PATH`, wrote once listening
+    (it writes PATH.tmp and renames it, so the file appears whole). Raises RuntimeError ("did
+    not start") when larderd exits first or nothing appears within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        code = proc.poll()
+        if code is not None:
+            raise RuntimeError(f"larderd did not start: it exited with status {code}; see {log}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"larderd did not start: no {path} after {timeout:.0f} s; see {log}")
+        time.sleep(0.02)
+    address = path.read_text().strip()
+    if not address.startswith("http://"):
+        raise RuntimeError(f"larderd wrote {address!r} to {path}, not an http:// address")
+    return address
+
+
+class Daemon:
+    """larderd on a Unix socket and a TCP port the kernel picks (`listen = "127.0.0.1:0"`), from
+    a config written to tmp_path; the port is read back from the file `--address-file` names.
+    A restart (stop, then start) gets a port of its own: clients that reconnect across a
+    restart use the Unix socket."""
+
+    def __init__(self, tmp_path: pathlib.Path, datasets: str, extra: str = "", scratch: str = "",
+                 budget_bytes: int = 10_000_000):
+        """`extra`: lines for the [memory] table (after its budget_bytes), then any tables;
+        `scratch`: lines for the [scratch] table (its dir is tmp_path/scratch)."""
         self.socket = tmp_path / "larder.sock"
-        self.port = free_port()
+        self.address_file = tmp_path / "larderd.address"
+        self.address = None  # "http://127.0.0.1:PORT", once started
         self.config = tmp_path / "larder.toml"
         self.config.write_text(
-            f'listen = "127.0.0.1:{self.port}"\n'
+            'listen = "127.0.0.1:0"\n'
             f'unix_socket = "{self.socket}"\n'
             "[scratch]\n"
-            f'dir = "{tmp_path / "scratch"}"\n'
-            "[memory]\n"
-            "budget_bytes = 10000000\n" + extra + datasets
+            f'dir = "{tmp_path / "scratch"}"\n' + scratch + "[memory]\n"
+            f"budget_bytes = {budget_bytes}\n" + extra + datasets
         )
         self.log = open(tmp_path / "larderd.log", "ab")
         self.proc = None
@@ -85,17 +166,17 @@ class Daemon:
 
     @property
     def tcp(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return self.address
 
     def start(self) -> None:
+        self.address_file.unlink(missing_ok=True)  # a killed daemon's, from before
         self.proc = subprocess.Popen(
-            [str(larderd_binary()), "--config", str(self.config)], stderr=self.log
+            [str(larderd_binary()), "--config", str(self.config), "--address-file", str(self.address_file)],
+            stderr=self.log,
         )
-        deadline = time.monotonic() + 20
-        while not self.socket.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"larderd did not start; see {self.log.name}")
-            time.sleep(0.02)
+        self.address = wait_for_address(self.proc, self.address_file, self.log.name)
+        if not self.socket.exists():
+            raise RuntimeError(f"larderd listens at {self.address} but made no {self.socket}; see {self.log.name}")
 
     def stop(self, sig=signal.SIGTERM) -> None:
         if self.proc and self.proc.poll() is None:

@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import pytest
 import larder
-from conftest import SHAPE, needs_torch, sample, torch
+from conftest import SHAPE, buffer_span, data_span, needs_torch, ring_span, sample, torch, within
 
 LENGTH = int(np.prod(SHAPE))
 
@@ -39,11 +39,42 @@ def test_lists_datasets_and_streams_an_epoch(daemon, transport):
         assert {t.tier for t in stats.tiers} == {"memory", "scratch", "raw"}
 
 
+@pytest.fixture
+def received(monkeypatch):
+    """{batch index: the bytes of its message as grpc handed them to the client}, for every
+    StreamBatches message of every Client made in the test."""
+    from larder import client, wire
+
+    messages = {}
+
+    class Recorded(wire.RawBatch):
+        def __init__(self, raw):
+            super().__init__(raw)
+            messages[self.msg.batch_index] = raw
+
+    monkeypatch.setattr(client, "RawBatch", Recorded)
+    return messages
+
+
 @pytest.mark.parametrize("transport", ["shm", "bytes"])
-def test_batches_are_views_not_copies(daemon, transport):
+def test_batches_are_views_not_copies(daemon, transport, received):
     with larder.Client(daemon.unix) as c:
-        b = next(c.stream("train", 16, transport=transport))
-        assert not b.images.flags.owndata
+        stream = c.stream("train", 16, transport=transport)
+        b = next(stream)
+        stream.close()  # the ring (if any) goes back to the client; the batch keeps its slot
+        if transport == "shm":
+            # Every field's elements lie in the slot of the ring that holds the batch, in the
+            # memory this process maps the daemon's memfd at: nothing was copied out of it.
+            (ring,) = c._idle_rings
+            (slot,) = ring.held
+            start = ring_span(ring)[0] + slot * ring.slot_bytes
+            where = (start, start + ring.slot_bytes)
+        else:
+            # Every field's elements lie in the bytes of the message grpc received.
+            where = buffer_span(received[b.index])
+        for name in ("image", "label"):
+            assert within(b[name], where), f"{name} is a copy, not in the {transport} batch's memory"
+        np.testing.assert_array_equal(b.images[0].reshape(-1), sample(int(b.sample_ids[0]), LENGTH))
         # In shared memory the arrays are the slot's (writable); in a message, its bytes.
         assert b.images.flags.writeable == (transport == "shm")
 
@@ -180,7 +211,12 @@ def test_batches_parsed_without_copying_their_data_match_protobuf():
     for name in ("image", "empty", "label"):
         np.testing.assert_array_equal(fast[name], plain[name])
         assert fast[name].dtype == plain[name].dtype and fast[name].shape == plain[name].shape
-    assert fast["image"].base is not None and not fast["image"].flags.owndata, "a view of the message"
+    # Views of the message: each field's elements are the very bytes of its data in `raw`.
+    first = buffer_span(raw)[0]
+    for name, data in [("image", bytes(range(6))), ("label", np.arange(3, dtype=np.int64).tobytes())]:
+        at = raw.find(data)
+        assert at > 0 and raw.find(data, at + 1) < 0
+        assert data_span(fast[name]) == (first + at, first + at + len(data)), f"{name} is a copy"
 
 
 def test_wire_field_numbers_are_the_descriptors_and_spans_are_right():

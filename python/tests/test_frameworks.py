@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import warnings
 
 import pytest
 
@@ -32,33 +31,25 @@ def stacks(session: int) -> str:
     return "\n".join(out)
 
 
-def run(launcher, script, address, out_dir, *args, fail=False, timeout=240, tries=2):
+def run(launcher, script, address, out_dir, *args, fail=False, timeout=240):
     """Runs frameworks/SCRIPT ADDRESS OUT_DIR ARGS... in OUT_DIR (what it writes stays there).
-    A run that hangs leaves every process's Python stack in a warning and runs again (once, in
-    CI a Lightning DDP resume hung once in many runs and never since: the stacks say where, the
-    next time); a second hang fails the test with the stacks."""
+    A run that hangs fails the test, with every process's Python stack (no second try: a hang
+    is a bug, in the script, the client or the daemon)."""
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
     cmd = launcher + [str(FRAMEWORKS / script), address, str(out_dir)] + [str(a) for a in args]
-    for attempt in range(tries):
-        if attempt:  # what the hung run wrote: its records and checkpoints
-            for f in [*pathlib.Path(out_dir).glob("ids-*.jsonl"), *pathlib.Path(out_dir).glob("*.ckpt")]:
-                f.unlink()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                cwd=out_dir, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=out_dir, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
         try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-            break
-        except subprocess.TimeoutExpired:
-            try:
-                where = stacks(proc.pid)
-            except (OSError, subprocess.SubprocessError) as e:
-                where = f"(no stacks: {e})"
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
-            message = f"{script} hung for {timeout} s\n{stderr[-4000:]}\nstacks:\n{where}"
-            if attempt + 1 == tries:
-                pytest.fail(message)
-            warnings.warn(message)
+            where = stacks(proc.pid)
+        except (OSError, subprocess.SubprocessError) as e:
+            where = f"(no stacks: {e})"
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{script} {' '.join(map(str, args))} hung for {timeout} s\n{stderr[-4000:]}\n"
+                    f"stacks:\n{where}")
     out = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     if not fail:
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import REPO, Daemon
+from conftest import REPO, Daemon, larder_binary
 
 from larder import Client, LarderError
 
@@ -235,7 +235,7 @@ def test_bad_files_are_skipped_listed_and_counted(tmp_path):
             assert c.stats().bad_samples == 3
             assert c.dataset("pics").bad_samples == 3
         # `larder warm` ends with the list.
-        out = subprocess.run([str(REPO / "target" / "debug" / "larder"), "--addr", d.unix, "warm", "pics"],
+        out = subprocess.run([str(larder_binary()), "--addr", d.unix, "warm", "pics"],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert "3 bad" in out.stdout and all(f in out.stdout for f in ("cut.jpg", "fake.png", "head.jpg")), out.stdout

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import larder
-from conftest import SHAPE, Daemon, make_h5, sample
+from conftest import SHAPE, Daemon, make_h5, ring_maps, ring_span, sample, within
 from larder.v1 import larder_pb2 as pb
 
 LENGTH = int(np.prod(SHAPE))
@@ -30,14 +30,14 @@ def check(batches, expected_ids):
     assert sorted(ids) == sorted(expected_ids), "every sample exactly once"
 
 
-def consume(stream, check_ids):
-    """Reads a stream as a training loop does: each batch dropped before the next."""
+def consume(stream):
+    """Reads a stream as a training loop does, each batch dropped before the next, checking
+    every sample's bytes; returns the sample ids in the order served."""
     ids = []
     for b in stream:
         for k, i in enumerate(b.sample_ids):
             np.testing.assert_array_equal(b.images[k].reshape(-1), sample(int(i), LENGTH))
         ids.extend(int(i) for i in b.sample_ids)
-    check_ids(ids)
     return ids
 
 
@@ -48,14 +48,26 @@ def rss_shmem_kb(pid: int) -> int:
     return 0
 
 
+def memfd_descriptors(pid: int) -> list:
+    """The open descriptors of process `pid` that are memfds ("/memfd:NAME (deleted)")."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:  # closed meanwhile
+            continue
+        if target.startswith("/memfd:"):
+            out.append(target)
+    return out
+
+
 def test_concurrent_clients_and_ranks_get_every_sample_once_byte_exact(daemon):
     results = {}
 
     def job(name, rank, world):
         with larder.Client(daemon.unix) as c:
             results[name] = consume(
-                c.stream("train", 16, seed=5, epoch=1, rank=rank, world_size=world, transport="shm"),
-                lambda ids: None,
+                c.stream("train", 16, seed=5, epoch=1, rank=rank, world_size=world, transport="shm")
             )
 
     threads = [threading.Thread(target=job, args=(f"solo{k}", 0, 1)) for k in range(2)]
@@ -84,7 +96,8 @@ def test_a_client_keeping_batches_gets_the_rest_in_messages_and_no_slot_is_reuse
         assert s.shm_rings == 1, "one ring, reused by the client's streams"
         del kept
         before = c.stats()
-        consume(c.stream("train", 10, seed=2, epoch=1), lambda ids: sorted(ids) == list(range(300)))
+        ids = consume(c.stream("train", 10, seed=2, epoch=1))
+        assert sorted(ids) == list(range(300)), "every sample exactly once"
         after = c.stats()
         assert after.shm_fallbacks == before.shm_fallbacks, "batches dropped free their slots"
         assert after.shm_rings == 1
@@ -92,13 +105,30 @@ def test_a_client_keeping_batches_gets_the_rest_in_messages_and_no_slot_is_reuse
 
 def test_breaking_off_a_stream_frees_its_slots_for_the_next(daemon):
     with larder.Client(daemon.unix) as c:
-        for _ in range(3):
+        ring, first = None, None
+        for k in range(3):
             s = c.stream("train", 10, seed=4, transport="shm")
-            held = next(s)
+            held = next(s)  # the batch before, from the stream before, is dropped only now
             s.close()  # broken off with batches in flight
-        consume(c.stream("train", 10, seed=4, transport="shm"), lambda ids: None)
+            # The stream gave its ring back to the client: the same ring every time, in which
+            # only the slot of the batch still alive is held (the ones read ahead were freed).
+            (r,) = c._idle_rings
+            assert ring is None or r is ring, f"break-off {k}: a new ring, not the client's one"
+            ring = r
+            assert len(ring.held) == 1, f"break-off {k}: slots held {ring.held}, one batch alive"
+            assert within(held.images, ring_span(ring)), "the batch lies in the ring"
+            check([held], held.sample_ids.tolist())
+            if first is None:
+                first = held.sample_ids.copy()
+            np.testing.assert_array_equal(held.sample_ids, first, "same seed and epoch, same first batch")
+            assert c.stats().shm_rings == 1, f"break-off {k}: the daemon keeps the one ring"
+        # The next stream gets every free slot back: a whole epoch (30 batches, 10 slots) with
+        # the held batch in one slot, every sample once, none of them in a message.
+        ids = consume(c.stream("train", 10, seed=4, transport="shm"))
+        assert sorted(ids) == list(range(300)), "every sample exactly once"
         check([held], held.sample_ids.tolist())  # still intact: the client holds its slot
-        assert c.stats().shm_fallbacks == 0
+        s = c.stats()
+        assert s.shm_fallbacks == 0 and s.shm_batches >= 3 + 30, (s.shm_fallbacks, s.shm_batches)
 
 
 def test_the_bytes_path_still_works_over_tcp_and_shm_needs_the_unix_socket(daemon):
@@ -125,30 +155,84 @@ CHILD = textwrap.dedent(
 
 def test_a_killed_client_frees_its_ring(daemon):
     pid = daemon.proc.pid
+    dev_shm = set(os.listdir("/dev/shm"))
     with larder.Client(daemon.unix) as c:
-        consume(c.stream("train", 10, transport="bytes"), lambda ids: None)  # warm
+        assert sorted(consume(c.stream("train", 10, transport="bytes"))) == list(range(300))  # warm
         base_rings, base_shmem = c.stats().shm_rings, rss_shmem_kb(pid)
+        assert ring_maps(pid) == set(), "no ring yet"
         child = subprocess.Popen(
             [sys.executable, "-c", CHILD.format(python=str(REPO / "python"), address=daemon.unix)],
             stdout=subprocess.PIPE,
         )
-        assert child.stdout.readline().strip() == b"streaming"
-        s = c.stats()
-        assert s.shm_rings == base_rings + 1 and s.shm_bytes > 0
-        assert rss_shmem_kb(pid) > base_shmem, "the daemon has written into the child's ring"
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+        try:
+            assert child.stdout.readline().strip() == b"streaming"
+            s = c.stats()
+            assert s.shm_rings == base_rings + 1 and s.shm_bytes > 0
+            assert rss_shmem_kb(pid) > base_shmem, "the daemon has written into the child's ring"
+            # The ring is a memfd that both map (the same inode).
+            (daemon_map,) = ring_maps(pid)
+            assert daemon_map[2] in {inode for _, _, inode in ring_maps(child.pid)}, "the child maps that memfd"
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
         deadline = time.monotonic() + 10
         # The ring leaves the table when its connection closes, its memory when the stream
         # that was writing into it has stopped too.
         while time.monotonic() < deadline:
             s = c.stats()
-            if (s.shm_rings, s.shm_bytes) == (base_rings, 0):
+            if (s.shm_rings, s.shm_bytes) == (base_rings, 0) and not ring_maps(pid):
                 break
             time.sleep(0.05)
         assert (s.shm_rings, s.shm_bytes) == (base_rings, 0)
+        # The daemon unmapped its side and holds no descriptor of it: once the child's mapping
+        # went with the child, nothing holds the memory.
+        assert ring_maps(pid) == set(), "the daemon still maps the ring"
+        assert memfd_descriptors(pid) == [], "the daemon still holds a descriptor of the ring"
         assert rss_shmem_kb(pid) <= base_shmem, "the daemon's memory is back where it was"
-    assert not any("larder" in p for p in os.listdir("/dev/shm")), "nothing left in /dev/shm"
+    # The rings are anonymous memfds, never files: nothing was made in /dev/shm meanwhile.
+    assert set(os.listdir("/dev/shm")) - dev_shm == set(), "nothing left in /dev/shm"
+
+
+def _inode_at(address: int) -> int:
+    """The inode of this process's mapping that holds `address`."""
+    for line in open("/proc/self/maps"):
+        parts = line.split(maxsplit=5)
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        if lo <= address < hi:
+            return int(parts[4])
+    raise AssertionError(f"{address:#x} is in no mapping of this process")
+
+
+def test_rings_are_memfds_the_daemon_unmaps_when_their_client_closes(daemon):
+    pid = daemon.proc.pid
+    dev_shm = set(os.listdir("/dev/shm"))
+    clients = [larder.Client(daemon.unix) for _ in range(2)]
+    try:
+        for c in clients:
+            assert sorted(consume(c.stream("train", 10, transport="shm"))) == list(range(300))
+        # Each client keeps its ring (idle, for its next stream); the daemon maps both memfds,
+        # each the one its client maps.
+        inodes = []
+        for c in clients:
+            (ring,) = c._idle_rings
+            inodes.append(_inode_at(ring_span(ring)[0]))
+        assert {inode for _, _, inode in ring_maps(pid)} == set(inodes) and len(set(inodes)) == 2
+        assert {inode for _, _, inode in ring_maps(os.getpid())} >= set(inodes)
+        assert clients[0].stats().shm_rings == 2
+        for k, c in enumerate(clients):
+            c.close()  # closes its ring's connection: the daemon frees that ring, the other stays
+            deadline = time.monotonic() + 10
+            while {i for _, _, i in ring_maps(pid)} != set(inodes[k + 1:]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert {i for _, _, i in ring_maps(pid)} == set(inodes[k + 1:]), f"after client {k} closed"
+    finally:
+        for c in clients:
+            c.close()
+    with larder.Client(daemon.unix) as c:
+        s = c.stats()
+        assert (s.shm_rings, s.shm_bytes) == (0, 0)
+    assert memfd_descriptors(pid) == [], "the daemon still holds a descriptor of a ring"
+    assert set(os.listdir("/dev/shm")) - dev_shm == set(), "nothing made in /dev/shm"
 
 
 OTHER = textwrap.dedent(

@@ -179,13 +179,13 @@ def test_example_under_torchrun_with_uneven_ranks(tmp_path):
         assert sorted(int(n) for e, n in lines if e == str(epoch)) == [257, 257], out.stdout
 
 
-def _ddp_rank(rank, world, port, address, out_dir, context):
+def _ddp_rank(rank, world, store, address, out_dir, context):
     import torch.distributed as dist
 
     # Built before the process group, as a DataModule would: the rank is resolved when
     # iteration starts, in forked and in spawned DataLoader workers.
     ds = LarderIterableDataset("train", 16, address=address, seed=9)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
         ids = ids_of(loader)
@@ -199,9 +199,10 @@ def _ddp_rank(rank, world, port, address, out_dir, context):
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_ddp_ranks_from_a_real_process_group(daemon, tmp_path, context):
     import torch.multiprocessing as mp
-    from conftest import free_port
 
-    mp.spawn(_ddp_rank, args=(2, free_port(), daemon.unix, str(tmp_path), context), nprocs=2, join=True)
+    # The ranks meet through a file (no port to pick and lose to another process before use).
+    store = tmp_path / "process-group"
+    mp.spawn(_ddp_rank, args=(2, str(store), daemon.unix, str(tmp_path), context), nprocs=2, join=True)
     shards = [list(map(int, (tmp_path / f"rank{r}.txt").read_text().split())) for r in range(2)]
     assert all(len(s) == 150 for s in shards)
     assert sorted(shards[0] + shards[1]) == list(range(300)), "each sample on exactly one rank"
