@@ -130,12 +130,15 @@ impl ImageFolderSource {
             }
             columns.push(Column::Files(paired_files(&dir, &f.name, &rels)?));
         }
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        // A fixed hash (not DefaultHasher, whose output may change between builds): the scratch
+        // tier finds its shards again by it after an upgrade.
+        let mut hash = 0u64;
         let mut sizes = vec![0u64; rels.len()];
         for c in &columns {
             if let Column::Files(files) = c {
                 for (i, path) in files.iter().enumerate() {
-                    std::hash::Hash::hash(&file_version(path), &mut hasher);
+                    let v = file_version(path);
+                    hash = crate::fingerprint::fnv1a(&[&hash.to_le_bytes(), v.as_bytes()]);
                     sizes[i] += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
                 }
             }
@@ -144,7 +147,7 @@ impl ImageFolderSource {
             "{}:{}:{:016x}",
             root.display(),
             rels.len(),
-            std::hash::Hasher::finish(&hasher)
+            hash
         );
         Ok(ImageFolderSource {
             root: root.to_path_buf(),
