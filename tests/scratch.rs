@@ -429,7 +429,7 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shards_of_a_dataset_no_longer_configured_are_removed() {
+async fn shards_of_a_dataset_no_longer_configured_are_kept_until_needed() {
     let dir = dataset(100);
     let scratch = dir.path().join("scratch");
     let d = start(dir.path(), &scratch, "", 0).await;
@@ -442,13 +442,25 @@ async fn shards_of_a_dataset_no_longer_configured_are_removed() {
         .to_path_buf();
     assert!(folder.exists());
     d.shutdown().await.unwrap();
+    // Taken out of the config for a while: kept, and counted against the scratch budget.
     let without = Config::parse(&format!(
         "listen = \"127.0.0.1:0\"\n[scratch]\ndir = {scratch:?}\n"
     ))
     .unwrap();
     let d = Daemon::start(without).await.unwrap();
-    assert!(!folder.exists(), "its disk space is given back");
-    assert_eq!(stats(&d).await.scratch_bytes, 0);
+    assert!(folder.exists(), "kept while nothing needs its space");
+    let kept = stats(&d).await.scratch_bytes;
+    assert!(kept > 0, "counted against the budget");
+    d.shutdown().await.unwrap();
+    // Back in the config: served warm from the same shards.
+    let d = start(dir.path(), &scratch, "", 0).await;
+    check_epoch(&full_epoch(&d, 0).await, 100);
+    assert_eq!(
+        hits(&stats(&d).await, "scratch"),
+        100,
+        "served from its old shards"
+    );
+    assert_eq!(stats(&d).await.scratch_bytes, kept);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

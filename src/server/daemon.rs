@@ -79,7 +79,7 @@ impl Daemon {
         for ds in catalog.all() {
             store.add(&ds);
         }
-        store.remove_unused_scratch();
+        store.keep_unused_scratch();
         let streams = Streams::new(memory.clone(), metrics.clone());
         let buffers = Arc::new(MessageBuffers::new(config.memory.message_buffers_bytes));
         let release = {

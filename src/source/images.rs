@@ -143,12 +143,7 @@ impl ImageFolderSource {
                 }
             }
         }
-        let version = format!(
-            "{}:{}:{:016x}",
-            root.display(),
-            rels.len(),
-            hash
-        );
+        let version = format!("{}:{}:{:016x}", root.display(), rels.len(), hash);
         Ok(ImageFolderSource {
             root: root.to_path_buf(),
             disk_bytes: sizes.iter().sum(),

@@ -3,7 +3,7 @@
 //!
 //! Layout: `<scratch dir>/<dataset>-<fingerprint>/shard-NNNNNN.bin`. The fingerprint covers the
 //! raw data's version (path, size, mtime), the preprocessing and the fields, so changed data is
-//! never served from old shards: their folder is removed at start. Records have any size (a
+//! never served from old shards (their folder is kept, idle, until its space is needed). Records have any size (a
 //! sample's record, see `fields`). A shard file is allocated whole when created (a full disk
 //! fails there, not on a read of a mapped hole) and filled from both ends: records from the
 //! front, their index entries from the back.
@@ -56,6 +56,9 @@ pub struct ScratchSpace {
     budget_full_logged: AtomicBool,
     /// Why writing stopped, and until when.
     paused: Mutex<Option<(String, Instant)>>,
+    /// Shard folders no dataset serves now (removed from the config, or an older version),
+    /// oldest first, with the bytes each counts in `used`: kept until their space is needed.
+    idle: Mutex<Vec<(PathBuf, u64)>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -88,16 +91,21 @@ impl ScratchSpace {
             corrupt: AtomicU64::new(0),
             budget_full_logged: AtomicBool::new(false),
             paused: Mutex::new(None),
+            idle: Mutex::new(vec![]),
         }))
     }
 
-    /// Removes the shard folders (`<name>-<16 hex digits>`) no dataset uses: those of older
-    /// versions of a dataset, or of datasets no longer configured. Other files are left alone.
-    pub fn remove_unused<'a>(&self, in_use: impl IntoIterator<Item = &'a Path>) {
+    /// Keeps the shard folders (`<name>-<16 hex digits>`) no dataset uses (those of older
+    /// versions of a dataset, of datasets no longer configured, or not open now) as idle: they
+    /// count against the budget and are removed, oldest first, when a dataset needs the space,
+    /// so a dataset commented out for a day, or one on a share not mounted yet, finds its
+    /// shards again. Other files are left alone.
+    pub fn keep_unused<'a>(&self, in_use: impl IntoIterator<Item = &'a Path>) {
         let in_use: Vec<&Path> = in_use.into_iter().collect();
         let Ok(entries) = std::fs::read_dir(&self.root) else {
             return;
         };
+        let mut found = vec![];
         for entry in entries.flatten() {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -107,10 +115,75 @@ impl ScratchSpace {
             let ours =
                 hex.len() == 16 && hex.chars().all(|c| c.is_ascii_hexdigit()) && path.is_dir();
             if ours && !in_use.contains(&path.as_path()) {
-                tracing::info!(path = %path.display(), "removing scratch shards no configured dataset uses");
-                let _ = std::fs::remove_dir_all(&path);
+                let modified = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .unwrap_or(std::time::UNIX_EPOCH);
+                found.push((modified, path));
             }
         }
+        found.sort();
+        for (_, path) in found {
+            let bytes = self.idle_folder(&path);
+            self.used.fetch_add(bytes, Relaxed);
+        }
+    }
+
+    /// Counts the shard folder `dir` of a tier no dataset serves any more (its shards already
+    /// count against the budget) as idle: kept until its space is needed.
+    pub fn retire(&self, dir: &Path) {
+        self.idle_folder(dir);
+    }
+
+    /// Adds `dir` to the idle folders; the bytes its files take.
+    fn idle_folder(&self, dir: &Path) -> u64 {
+        let bytes: u64 = std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0);
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.iter().any(|(p, _)| p == dir) {
+            return 0;
+        }
+        tracing::info!(path = %dir.display(), bytes, "scratch shards no dataset serves: kept until their space is needed");
+        idle.push((dir.to_path_buf(), bytes));
+        bytes
+    }
+
+    /// Takes a retired folder back into use (its dataset is served again): the bytes it
+    /// counted as idle, which the tier opening it counts again as its shards.
+    fn reclaim(&self, dir: &Path) -> u64 {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(k) = idle.iter().position(|(p, _)| p == dir) else {
+            return 0;
+        };
+        let (_, bytes) = idle.remove(k);
+        let _ = self
+            .used
+            .fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes)));
+        bytes
+    }
+
+    /// Removes the oldest idle folder; false when there is none.
+    fn evict_idle(&self) -> bool {
+        let oldest = {
+            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            if idle.is_empty() {
+                return false;
+            }
+            idle.remove(0)
+        };
+        let (path, bytes) = oldest;
+        tracing::info!(path = %path.display(), bytes, "removing idle scratch shards to make room");
+        let _ = std::fs::remove_dir_all(&path);
+        let _ = self
+            .used
+            .fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes)));
+        true
     }
 
     pub fn snapshot(&self) -> ScratchSnapshot {
@@ -143,14 +216,20 @@ impl ScratchSpace {
         *paused = Some((why, Instant::now() + RETRY_WRITES_AFTER));
     }
 
-    /// Takes `bytes` of the budget, or says why not.
+    /// Takes `bytes` of the budget (removing idle folders, oldest first, to make room), or
+    /// says why not.
     fn reserve(&self, bytes: u64) -> bool {
-        let ok = self
-            .used
-            .fetch_update(Relaxed, Relaxed, |used| {
-                (used + bytes <= self.budget).then_some(used + bytes)
-            })
-            .is_ok();
+        let take = || {
+            self.used
+                .fetch_update(Relaxed, Relaxed, |used| {
+                    (used.saturating_add(bytes) <= self.budget).then_some(used + bytes)
+                })
+                .is_ok()
+        };
+        let mut ok = take();
+        while !ok && self.evict_idle() {
+            ok = take();
+        }
         if !ok && !self.budget_full_logged.swap(true, Relaxed) {
             tracing::warn!(
                 budget = self.budget,
@@ -270,17 +349,8 @@ impl ScratchTier {
         record_estimate: u64,
         shard_bytes: u64,
     ) -> Result<ScratchTier> {
-        let safe: String = dataset
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        let dir = space.root.join(format!("{safe}-{fingerprint:016x}"));
+        let dir = space.root.join(folder_name(dataset, fingerprint));
+        space.reclaim(&dir);
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("creating scratch folder {}", dir.display()))?;
         let tier = ScratchTier {
@@ -597,6 +667,17 @@ impl ScratchTier {
     }
 
     /// The folder holding this dataset's shards.
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+
+    /// Whether this tier's folder is that of a dataset named `name`.
+    pub fn name_matches(&self, name: &str) -> bool {
+        self.dir
+            .file_name()
+            .is_some_and(|f| f.to_string_lossy() == folder_name(name, self.fingerprint))
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -639,6 +720,21 @@ impl ScratchTier {
 
 /// Gives `file` all the blocks of `size` bytes, and that length. (fs4's allocate alone leaves the
 /// length short when the blocks a file already has cover `size`.)
+/// The folder of a dataset's shards: its name (made safe for a path) and its fingerprint.
+fn folder_name(dataset: &str, fingerprint: u64) -> String {
+    let safe: String = dataset
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{safe}-{fingerprint:016x}")
+}
+
 fn allocate(file: &File, size: u64) -> std::io::Result<()> {
     fs4::FileExt::allocate(file, size)?;
     if file.metadata()?.len() < size {
@@ -714,20 +810,27 @@ mod tests {
         assert!((0..10).all(|i| t.read(i).unwrap() == sample(i)));
         drop(t);
 
-        // A new version of the data: old shards are removed, nothing stale is served.
+        // A new version of the data: nothing stale is served; the old shards are kept, idle,
+        // until their space is needed.
         std::fs::write(dir.path().join("notes-0123456789abcdef"), "not ours").unwrap();
-        let space = ScratchSpace::open(dir.path(), Some(1 << 20)).unwrap();
-        let t = tier(&space, 2);
-        space.remove_unused([t.dir()]);
-        assert!(t.read(0).is_none());
-        assert_eq!(
-            std::fs::read_dir(dir.path()).unwrap().count(),
-            2,
-            "ours and the stray file"
-        );
-        space.remove_unused([]);
-        assert!(!t.dir().exists(), "a dataset no longer configured");
+        let small = HEADER_BYTES + 12 * (16 + ENTRY_BYTES);
+        let space = ScratchSpace::open(dir.path(), Some(used + small)).unwrap();
+        let t2 = tier(&space, 2);
+        space.keep_unused([t2.dir()]);
+        assert!(t2.read(0).is_none());
+        let old = dir.path().join(folder_name("ds", 1));
+        assert!(old.exists(), "kept while there is room");
+        assert_eq!(space.snapshot().used, used, "counted against the budget");
+        for i in 0..10 {
+            assert!(t2.write(i, &sample(i)), "room made for sample {i}");
+        }
+        assert!(!old.exists(), "removed when its space was needed");
         assert!(dir.path().join("notes-0123456789abcdef").exists());
+        // A dataset no longer served: its folder idle, and taken back if it comes back.
+        space.retire(t2.dir());
+        let back = tier(&space, 2);
+        assert_eq!(back.read(3).unwrap(), sample(3));
+        assert!(space.snapshot().used <= used + small);
     }
 
     #[test]

@@ -62,21 +62,33 @@ impl Store {
     }
 
     /// Opens the scratch shards of `ds` (if the scratch tier is on): the store serves it now.
+    /// A dataset reopened with the same data (same fingerprint) goes on with the tier its
+    /// previous version had: one folder, one writer.
     pub fn add(&self, ds: &Dataset) {
         let Some(space) = &self.scratch_space else {
             return;
         };
+        let fingerprint = ds.fingerprint();
+        let mut tiers = self.lock_scratch();
+        let same = tiers
+            .values()
+            .find(|t| t.fingerprint() == fingerprint && t.name_matches(&ds.name))
+            .cloned();
+        if let Some(tier) = same {
+            tiers.insert(ds.id, tier);
+            return;
+        }
         let opened = ScratchTier::open(
             space,
             &ds.name,
-            ds.fingerprint(),
+            fingerprint,
             ds.len(),
             ds.record_bytes_estimate(),
             self.shard_bytes,
         );
         match opened {
             Ok(tier) => {
-                self.lock_scratch().insert(ds.id, Arc::new(tier));
+                tiers.insert(ds.id, Arc::new(tier));
             }
             Err(e) => {
                 tracing::error!(dataset = %ds.name, "no scratch tier for this dataset: {e:#}")
@@ -84,18 +96,28 @@ impl Store {
         }
     }
 
-    /// Removes the scratch shards of datasets the store does not serve.
-    pub fn remove_unused_scratch(&self) {
+    /// Counts the shard folders no dataset serves now as idle: kept, and removed oldest first
+    /// when a dataset needs their space.
+    pub fn keep_unused_scratch(&self) {
         if let Some(space) = &self.scratch_space {
             let tiers: Vec<Arc<ScratchTier>> = self.lock_scratch().values().cloned().collect();
-            space.remove_unused(tiers.iter().map(|t| t.dir()));
+            space.keep_unused(tiers.iter().map(|t| t.dir()));
         }
     }
 
     /// Lets go of the scratch tier of dataset `id` (removed from the config, or replaced by a
-    /// newer version): its shards stay on disk until the next start.
+    /// newer version): unless another id still uses it, its folder becomes idle, kept until
+    /// its space is needed.
     pub fn forget(&self, id: u32) {
-        self.lock_scratch().remove(&id);
+        let mut tiers = self.lock_scratch();
+        let Some(tier) = tiers.remove(&id) else {
+            return;
+        };
+        if !tiers.values().any(|t| Arc::ptr_eq(t, &tier)) {
+            if let Some(space) = &self.scratch_space {
+                space.retire(tier.dir());
+            }
+        }
     }
 
     /// The scratch shards of `ds`, if it has any.
