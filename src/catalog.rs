@@ -246,6 +246,11 @@ struct State {
     served: BTreeMap<String, Served>,
     /// The datasets of the config that do not open, by name (the others are served).
     failed: BTreeMap<String, Failed>,
+    /// Versions of datasets whose files changed that streams still read, by name: the file
+    /// is opened again only once they are gone, because HDF5 shares one open file (its caches
+    /// included) between every open of the same inode, and a fresh open is what checks that
+    /// the file is whole.
+    closing: BTreeMap<String, std::sync::Weak<Dataset>>,
 }
 
 struct Served {
@@ -314,6 +319,9 @@ impl Catalog {
             let Some(why) = stale else {
                 continue;
             };
+            if !self.closed(c, &mut changes) {
+                continue;
+            }
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             match open_dataset(id, c, limits) {
                 Ok(ds) => {
@@ -354,6 +362,42 @@ impl Catalog {
             }
         }
         changes
+    }
+
+    /// Whether dataset `name` may be opened now: no version of it whose files changed is
+    /// still read. A served one whose files changed is taken out of service (new streams wait
+    /// for it to open again) and, while streams still hold it, left to close.
+    fn closed(&self, c: &DatasetConfig, changes: &mut Changes) -> bool {
+        let name = c.name.as_str();
+        let mut state = self.write();
+        let changed = state
+            .served
+            .get(name)
+            .is_some_and(|s| s.dataset.source.changed().is_some());
+        if changed {
+            let old = state.served.remove(name).expect("served");
+            changes.dropped.push(old.dataset.id);
+            state
+                .closing
+                .insert(name.to_string(), Arc::downgrade(&old.dataset));
+            drop(old);
+        }
+        let open = state
+            .closing
+            .get(name)
+            .is_some_and(|w| w.strong_count() > 0);
+        if open {
+            let why = "its files changed; it opens again once the streams still reading the \
+                       old version end"
+                .to_string();
+            let config = c.clone();
+            state
+                .failed
+                .insert(name.to_string(), Failed { why, config });
+            return false;
+        }
+        state.closing.remove(name);
+        true
     }
 
     /// The tables of the datasets that do not open now, to try again.

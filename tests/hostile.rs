@@ -326,15 +326,17 @@ async fn an_hdf5_file_truncated_while_served_is_never_served_as_zeros() {
         "{end:?}"
     );
     assert!(end.message().contains("size went from"), "{end:?}");
-    // And the next stream is refused at its start.
+    // The next stream opens the file again, freshly, as it is now (HDF5 refuses it whole:
+    // "truncated file"), and says so.
     let status = c
         .stream_batches(req("train", 10))
         .await
         .expect_err("refused");
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("truncated file"), "{status:?}");
     let bad = c
         .list_bad_samples(ListBadSamplesRequest {
-            dataset: "train".into(),
+            dataset: String::new(),
         })
         .await
         .unwrap()

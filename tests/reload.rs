@@ -154,3 +154,57 @@ async fn datasets_come_and_go_while_streams_run() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_folder_that_gains_and_loses_files_is_served_as_it_is_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path();
+    let cls = p.join("pics/cls");
+    std::fs::create_dir_all(&cls).unwrap();
+    let image = |name: &str, shade: u8| {
+        image::RgbImage::from_pixel(8, 8, image::Rgb([shade, 0, 0]))
+            .save(cls.join(name))
+            .unwrap()
+    };
+    for k in 0..4 {
+        image(&format!("{k}.png"), k * 10);
+    }
+    std::fs::write(
+        p.join("larder.toml"),
+        format!(
+            "unix_socket = {:?}\n[scratch]\nenabled = false\n[[dataset]]\nname = \"pics\"\n\
+             kind = \"images\"\npath = \"pics\"\nresize = 8\ncrop = 8\n",
+            p.join("larder.sock")
+        ),
+    )
+    .unwrap();
+    let d = start(p);
+    assert_eq!(pics_epoch(&d).await, vec![0, 10, 20, 30]);
+    image("4.png", 40);
+    image("5.png", 50);
+    std::fs::remove_file(cls.join("1.png")).unwrap();
+    // The next epoch: exactly the files there now, at once (the folder is walked again).
+    assert_eq!(pics_epoch(&d).await, vec![0, 20, 30, 40, 50]);
+}
+
+/// The red of each sample of an epoch of "pics", sorted: which files the epoch held.
+async fn pics_epoch(d: &Larderd) -> Vec<u8> {
+    let req = StreamBatchesRequest {
+        fields: vec!["image".into()],
+        layout_version: 1,
+        ..req("pics", 2)
+    };
+    let b = collect_batches(&mut d.client().await, req).await.unwrap();
+    let mut reds: Vec<u8> = b
+        .iter()
+        .flat_map(|b| {
+            b.fields[0]
+                .data
+                .chunks(3 * 64)
+                .map(|s| s[0])
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    reds.sort_unstable();
+    reds
+}

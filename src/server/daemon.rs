@@ -105,11 +105,11 @@ impl Daemon {
         let keeper = tokio::spawn(datasets.clone().keep_current(shutdown.subscribe()));
         let rings = Rings::new(config.shm_budget_bytes(total));
         let service = Service::new(
-            catalog.clone(),
             store.clone(),
             rings.clone(),
             buffers.clone(),
             streams,
+            datasets.clone(),
             &config,
             shutdown_rx,
         );

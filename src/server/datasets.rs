@@ -42,6 +42,11 @@ impl Datasets {
         }
     }
 
+    /// The datasets served.
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
     /// Serves the datasets of `configs` from now on (a reloaded config): new ones are opened,
     /// changed ones reopened, removed ones stop taking new streams.
     pub async fn reload(&self, configs: Vec<DatasetConfig>) {

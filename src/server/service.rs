@@ -3,6 +3,7 @@
 
 use super::admission::admit;
 use super::buffers::MessageBuffers;
+use super::datasets::Datasets;
 use super::layout::slot_offsets;
 use super::shm::{Peer, Ring, Rings};
 use super::shutdown::{shutting_down, Shutdown};
@@ -41,27 +42,30 @@ pub struct Service {
     streams: Arc<Streams>,
     /// Access checks passed lately, which ListDatasets reuses.
     proofs: Arc<Proofs>,
+    /// Reopens datasets whose files changed.
+    datasets: Datasets,
     /// Becomes true when the daemon shuts down: open streams end with UNAVAILABLE.
     shutdown: Shutdown,
 }
 
 impl Service {
     pub fn new(
-        catalog: Arc<Catalog>,
         store: Arc<Store>,
         rings: Arc<Rings>,
         buffers: Arc<MessageBuffers>,
         streams: Arc<Streams>,
+        datasets: Datasets,
         config: &Config,
         shutdown: Shutdown,
     ) -> Service {
         Service {
+            catalog: datasets.catalog().clone(),
+            datasets,
             shutdown,
             proofs: Default::default(),
             rings,
             buffers,
             streams,
-            catalog,
             store,
             prefetch_batches: config.prefetch_batches,
             max_batch_size: config.max_batch_size,
@@ -112,8 +116,16 @@ impl Service {
         }
     }
 
-    /// The dataset a request names, if it is served and its files are as opened.
-    fn dataset(&self, name: &str) -> Result<Arc<Dataset>, Status> {
+    /// The dataset a request names, as its files are now: one whose files changed since it
+    /// was opened (an HDF5 file rewritten, images added or removed) is opened again first, so
+    /// every epoch starts on the data as it is.
+    async fn dataset(&self, name: &str) -> Result<Arc<Dataset>, Status> {
+        let ds = self.named(name)?;
+        if ds.source.changed().is_none() {
+            return Ok(ds);
+        }
+        drop(ds); // the old version closes once nothing holds it
+        self.datasets.reconcile().await;
         let ds = self.named(name)?;
         if let Some(why) = ds.source.changed() {
             return Err(
@@ -125,7 +137,7 @@ impl Service {
 
     /// The dataset a request names, if `who` may have it: checked afresh, as them.
     async fn admitted(&self, name: &str, who: &Caller) -> Result<Arc<Dataset>, Status> {
-        let ds = self.dataset(name)?;
+        let ds = self.dataset(name).await?;
         admit(&ds, who).await?;
         self.proofs.record(who, ds.id, ds.source.root());
         Ok(ds)

@@ -34,6 +34,14 @@ pub struct ImageFolderSource {
     /// Largest file read whole (limits.max_sample_bytes): a larger one, or anything but a
     /// regular file (a FIFO, /dev/zero behind a symlink), is a bad sample, never read.
     pub max_file_bytes: u64,
+    /// The folders whose entries make the samples (the image folder, its class folders), with
+    /// their modification times when walked: a file added, removed or renamed there moves it.
+    folders: Vec<(PathBuf, Option<std::time::SystemTime>)>,
+}
+
+/// A folder's modification time now.
+fn folder_mtime(dir: &Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(dir).and_then(|m| m.modified()).ok()
 }
 
 fn is_image(p: &Path) -> bool {
@@ -76,6 +84,7 @@ impl ImageFolderSource {
         let entries = sorted_entries(&primary_dir)
             .with_context(|| format!("image folder of field {:?}", primary.name))?;
         let class_dirs: Vec<&PathBuf> = entries.iter().filter(|p| p.is_dir()).collect();
+        let mut folders = vec![(primary_dir.clone(), folder_mtime(&primary_dir))];
         let wants_class = fields.iter().any(|f| f.from == Some(FieldFrom::Class));
         // Relative paths of the samples, and their classes.
         let (mut rels, mut labels, mut classes) = (vec![], vec![], vec![]);
@@ -96,6 +105,7 @@ impl ImageFolderSource {
             for (label, dir) in class_dirs.iter().enumerate() {
                 let class = dir.file_name().unwrap_or_default().to_owned();
                 classes.push(class.to_string_lossy().into_owned());
+                folders.push((dir.to_path_buf(), folder_mtime(dir)));
                 for p in sorted_entries(dir)?.into_iter().filter(|p| is_image(p)) {
                     rels.push(Path::new(&class).join(p.file_name().unwrap_or_default()));
                     labels.push(label as i64);
@@ -153,6 +163,7 @@ impl ImageFolderSource {
             classes,
             version,
             max_file_bytes: u64::MAX,
+            folders,
         })
     }
 
@@ -224,6 +235,18 @@ impl RawSource for ImageFolderSource {
 
     fn root(&self) -> &Path {
         &self.root
+    }
+
+    fn changed(&self) -> Option<String> {
+        self.folders
+            .iter()
+            .find(|(dir, mtime)| folder_mtime(dir) != *mtime)
+            .map(|(dir, _)| {
+                format!(
+                    "{} changed since the daemon walked it (images added, removed or renamed)",
+                    dir.display()
+                )
+            })
     }
 }
 
