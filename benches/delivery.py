@@ -178,7 +178,7 @@ def out_of_memory(args, tmp):
     config.write_text(
         f'unix_socket = "{sock}"\n[scratch]\ndir = "{tmp / "oom-scratch"}"\n[memory]\n'
         f"budget_bytes = {int(half * 0.8)}\n"
-        f'[[dataset]]\nname = "d"\npath = "{path}"\nlabels = "labels"\n'
+        f'[[dataset]]\nname = "d"\ntcp = true\npath = "{path}"\nlabels = "labels"\n'
     )
     daemon = subprocess.Popen(in_cgroup(procs, [args.larderd, "--config", config]),
                               stderr=open(tmp / "oom.log", "wb"))
@@ -234,7 +234,7 @@ def main():
         config.write_text(
             f'unix_socket = "{sock}"\n[scratch]\ndir = "{tmp / "scratch"}"\n[memory]\n'
             f"budget_bytes = {int(n * (size + 200) * 1.1)}\n"
-            f'[[dataset]]\nname = "d"\npath = "{path}"\nlabels = "labels"\n'
+            f'[[dataset]]\nname = "d"\ntcp = true\npath = "{path}"\nlabels = "labels"\n'
         )
         log = open(tmp / f"{spec}.log", "wb")
         daemon = subprocess.Popen([args.larderd, "--config", str(config)], stderr=log)

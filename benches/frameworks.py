@@ -92,7 +92,7 @@ def main() -> None:
         config.write_text(
             f'unix_socket = "{sock}"\n[scratch]\ndir = "{tmp / "scratch"}"\n[memory]\n'
             f"budget_bytes = {int(n * (np.prod(shape) + 200) * 1.1)}\n"
-            f'[[dataset]]\nname = "d"\npath = "{path}"\nlabels = "labels"\n'
+            f'[[dataset]]\nname = "d"\ntcp = true\npath = "{path}"\nlabels = "labels"\n'
         )
         daemon = subprocess.Popen([args.larderd, "--config", str(config)], stderr=open(tmp / "log", "wb"))
         try:

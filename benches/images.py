@@ -88,7 +88,7 @@ class Larderd:
         (self.dir / "larder.toml").write_text(
             f'unix_socket = "{self.socket}"\n[scratch]\ndir = "{self.dir / "scratch"}"\n'
             f"[memory]\nbudget_bytes = {budget}\n"
-            f'[[dataset]]\nname = "pics"\nkind = "images"\npath = "{folder}"\nresize = 256\ncrop = 224\n'
+            f'[[dataset]]\nname = "pics"\ntcp = true\nkind = "images"\npath = "{folder}"\nresize = 256\ncrop = 224\n'
             "[dataset.train]\n"
         )
         self.log = open(self.dir / "larderd.log", "wb")

@@ -40,7 +40,7 @@ least 15 s), samples once more ("idle") and prints a markdown summary and the ta
     which go back to the kernel within a second, while a leak moves the levels;
   - memory ceiling: at every sample the daemon's anonymous memory is within the ceiling it
     reports (anonymous_ceiling_bytes: memory-tier budget + spare message buffer cap + buffers
-    in flight + the allocator's free pages + 64 MiB; a daemon that reports none fails);
+    in flight + the allocator's free pages + 128 MiB, alloc::UNACCOUNTED_ALLOWANCE; a daemon that reports none fails);
   - descriptors: back to the count at the start (+- 4) once the clients stopped, counting one
     more for each scratch shard file made during the run (the daemon keeps its shards open);
   - exactly once: no completed epoch with a sample missing, repeated or holding wrong data;
@@ -154,13 +154,13 @@ def write_data(root: pathlib.Path) -> str:
                 Image.fromarray(img).save(tmp / f"c{c}" / f"{k:04d}.jpg", quality=85)
         tmp.rename(pics)
     return (
-        f'[[dataset]]\nname = "h5"\npath = "{root / "h5.h5"}"\nsamples = "images"\nlabels = "labels"\n'
+        f'[[dataset]]\nname = "h5"\ntcp = true\npath = "{root / "h5.h5"}"\nsamples = "images"\nlabels = "labels"\n'
         "[dataset.train]\npadding = 4\n"
-        f'[[dataset]]\nname = "h5gz"\npath = "{root / "h5gz.h5"}"\nsamples = "images"\nlabels = "labels"\n'
+        f'[[dataset]]\nname = "h5gz"\ntcp = true\npath = "{root / "h5gz.h5"}"\nsamples = "images"\nlabels = "labels"\n'
         "[dataset.train]\npadding = 4\n"
-        f'[[dataset]]\nname = "clips"\npath = "{root / "clips.h5"}"\n'
+        f'[[dataset]]\nname = "clips"\ntcp = true\npath = "{root / "clips.h5"}"\n'
         '[[dataset.field]]\nname = "clip"\n[[dataset.field]]\nname = "label"\nhdf5 = "labels"\n'
-        f'[[dataset]]\nname = "pics"\nkind = "images"\npath = "{pics}"\nresize = 96\ncrop = 64\n'
+        f'[[dataset]]\nname = "pics"\ntcp = true\nkind = "images"\npath = "{pics}"\nresize = 96\ncrop = 64\n'
         "[dataset.train]\n"
     )
 

@@ -462,7 +462,7 @@ class Client:
                         retry_until = now + self.reconnect_timeout
                     if now >= retry_until:
                         raise LarderError(
-                            _unreachable(self.address, f"for {self.reconnect_timeout:.0f} s: {details}"),
+                            _unreachable(self.address, f"for {self.reconnect_timeout:g} s: {details}"),
                             code,
                         ) from None
                     log.warning("larderd stream interrupted (%s); resuming at batch %d", details, next_batch)

@@ -3,6 +3,7 @@
 import ctypes
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import time
@@ -139,7 +140,8 @@ class Daemon:
     """larderd on a Unix socket and a TCP port the kernel picks (`listen = "127.0.0.1:0"`), from
     a config written to tmp_path; the port is read back from the file `--address-file` names.
     A restart (stop, then start) gets a port of its own: clients that reconnect across a
-    restart use the Unix socket."""
+    restart use the Unix socket. Every dataset is marked `tcp = true` (TCP clients, which have
+    no identity, get only datasets so marked): the tests use both transports."""
 
     def __init__(self, tmp_path: pathlib.Path, datasets: str, extra: str = "", scratch: str = "",
                  budget_bytes: int = 10_000_000):
@@ -149,6 +151,7 @@ class Daemon:
         self.address_file = tmp_path / "larderd.address"
         self.address = None  # "http://127.0.0.1:PORT", once started
         self.config = tmp_path / "larder.toml"
+        datasets = re.sub(r'(\[\[dataset\]\]\n\s*name = "[^"]*"\n)', r"\1tcp = true\n", datasets)
         self.config.write_text(
             'listen = "127.0.0.1:0"\n'
             f'unix_socket = "{self.socket}"\n'

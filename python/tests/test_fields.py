@@ -200,10 +200,26 @@ def test_bad_fields_stop_nothing_silently(tmp_path):
          'field "name" (HDF5 dataset "names"'),
         ('[[dataset.field]]\nname = "image"\nhdf5 = "pictures"\n', '"pictures"'),
     ]
-    for k, (fields, message) in enumerate(cases):
-        run = tmp_path / f"run{k}"
-        run.mkdir()
-        with pytest.raises(RuntimeError, match="did not start"):
-            Daemon(run, f'[[dataset]]\nname = "bad"\npath = "{path}"\n' + fields)
-        log = (run / "larderd.log").read_text()
-        assert 'opening dataset "bad"' in log and message in log, log
+    # A dataset whose fields are wrong is logged, left out and named in its streams' error;
+    # the daemon serves the others.
+    tables = "".join(
+        f'[[dataset]]\nname = "bad{k}"\npath = "{path}"\n' + fields for k, (fields, _) in enumerate(cases)
+    )
+    good = tmp_path / "good.h5"
+    with h5py.File(good, "w") as f:
+        f["images"] = np.zeros((8, 3, 4, 4), np.uint8)
+    d = Daemon(tmp_path, tables + f'[[dataset]]\nname = "good"\npath = "{good}"\n')
+    try:
+        with larder.Client(d.unix) as c:
+            assert [x.name for x in c.datasets()] == ["good"]
+            assert sum(len(b.sample_ids) for b in c.stream("good", 4)) == 8
+            for k, (_, message) in enumerate(cases):
+                with pytest.raises(larder.LarderError) as e:
+                    next(iter(c.stream(f"bad{k}", 4)))
+                assert "did not open" in str(e.value) and message in str(e.value), str(e.value)
+        log = (tmp_path / "larderd.log").read_text()
+        for k, (_, message) in enumerate(cases):
+            assert f'dataset="bad{k}"' in log or f"bad{k}" in log, log
+            assert message in log, log
+    finally:
+        d.stop()

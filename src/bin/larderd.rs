@@ -34,7 +34,8 @@ async fn main() -> Result<()> {
         .await
         .context("starting larderd")?;
     if let Some(path) = &args.address_file {
-        let tmp = path.with_extension("tmp");
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
         std::fs::write(&tmp, format!("{}\n", daemon.client_addr()))
             .and_then(|()| std::fs::rename(&tmp, path))
             .with_context(|| format!("writing the address to {}", path.display()))?;
