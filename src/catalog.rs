@@ -251,6 +251,8 @@ struct State {
     /// included) between every open of the same inode, and a fresh open is what checks that
     /// the file is whole.
     closing: BTreeMap<String, std::sync::Weak<Dataset>>,
+    /// The datasets of the config not tried yet (the daemon listens before it opens them).
+    opening: std::collections::BTreeSet<String>,
 }
 
 struct Served {
@@ -303,6 +305,7 @@ impl Catalog {
                 changes.dropped.push(s.dataset.id);
             }
             state.failed.retain(|n, _| wanted.contains_key(n.as_str()));
+            state.opening.retain(|n| wanted.contains_key(n.as_str()));
         }
         for c in configs {
             let text = format!("{c:?}");
@@ -331,6 +334,7 @@ impl Catalog {
                     let ds = Arc::new(ds);
                     let mut state = self.write();
                     state.failed.remove(&c.name);
+                    state.opening.remove(&c.name);
                     let old = state.served.insert(
                         c.name.clone(),
                         Served {
@@ -348,6 +352,7 @@ impl Catalog {
                     if before.as_deref() != Some(why.as_str()) {
                         tracing::error!(dataset = %c.name, "not serving the dataset: it does not open: {why}");
                     }
+                    state.opening.remove(&c.name);
                     if let Some(old) = state.served.remove(&c.name) {
                         changes.dropped.push(old.dataset.id);
                     }
@@ -398,6 +403,22 @@ impl Catalog {
         }
         state.closing.remove(name);
         true
+    }
+
+    /// Notes the datasets of `configs` as being opened: until a reconcile has tried them,
+    /// their streams get UNAVAILABLE rather than NOT_FOUND.
+    pub fn expect(&self, configs: &[DatasetConfig]) {
+        let mut state = self.write();
+        for c in configs {
+            if !state.served.contains_key(&c.name) {
+                state.opening.insert(c.name.clone());
+            }
+        }
+    }
+
+    /// Whether dataset `name` of the config is still to be opened for the first time.
+    pub fn opening(&self, name: &str) -> bool {
+        self.read().opening.contains(name)
     }
 
     /// The tables of the datasets that do not open now, to try again.

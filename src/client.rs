@@ -47,15 +47,26 @@ pub async fn connect(addr: &str) -> Result<Client> {
 }
 
 /// Streams one request to its end and returns its batches.
+/// A dataset still being opened (the daemon just started) is waited for, up to a minute.
 pub async fn collect_batches(client: &mut Client, req: StreamBatchesRequest) -> Result<Vec<Batch>> {
-    let mut stream = client
-        .stream_batches(req)
-        .await
-        .context("StreamBatches")?
-        .into_inner();
+    let started = std::time::Instant::now();
+    let mut stream = loop {
+        match client.stream_batches(req.clone()).await {
+            Ok(s) => break s.into_inner(),
+            Err(s) if being_opened(&s) && started.elapsed().as_secs() < 60 => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(s) => return Err(anyhow::Error::new(s).context("StreamBatches")),
+        }
+    };
     let mut batches = vec![];
     while let Some(b) = stream.message().await.context("reading the batch stream")? {
         batches.push(b);
     }
     Ok(batches)
+}
+
+/// Whether `status` says the dataset is still being opened (retry shortly).
+pub fn being_opened(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Unavailable && status.message().contains("is being opened")
 }

@@ -190,15 +190,24 @@ pub async fn run_epochs(
     batch_size: u32,
 ) -> Result<()> {
     let mut stats_client = connect(addr).await?;
-    let n = stats_client
-        .list_datasets(ListDatasetsRequest {})
-        .await?
-        .into_inner()
-        .datasets
-        .into_iter()
-        .find(|d| d.name == dataset)
-        .with_context(|| format!("the daemon serves no dataset {dataset:?} that you may read (`larder datasets` lists those you may)"))?
-        .num_samples;
+    // The dataset's size, from the daemon's plan of a whole epoch: its error, if any, says
+    // why the dataset is not for this user (not served, not readable by them, not open yet).
+    let whole = StreamBatchesRequest {
+        dataset: dataset.into(),
+        batch_size: 1,
+        world_size: 1,
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let n = loop {
+        match stats_client.plan_stream(whole.clone()).await {
+            Ok(plan) => break plan.into_inner().num_samples,
+            Err(s) if crate::client::being_opened(&s) && started.elapsed().as_secs() < 60 => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(s) => return Err(anyhow::Error::new(s).context(format!("dataset {dataset:?}"))),
+        }
+    };
     // Hit rates per epoch are differences of the daemon's counters, which earlier clients moved.
     let (mut prev_mem, mut prev_all) = tier_hits(
         &stats_client

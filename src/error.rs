@@ -28,6 +28,9 @@ pub enum Kind {
     /// A dataset's files changed since the daemon opened it (truncated, rewritten, replaced):
     /// nothing is served from them until it is reopened (FAILED_PRECONDITION).
     Changed,
+    /// The dataset is being opened (the daemon listens before it opens its datasets): retry
+    /// shortly (UNAVAILABLE).
+    Opening,
     /// The daemon is shutting down: reconnect and resume (UNAVAILABLE).
     ShuttingDown,
     /// Anything else: a failure the daemon did not expect (INTERNAL).
@@ -44,7 +47,7 @@ impl Kind {
             Kind::Denied => Code::PermissionDenied,
             Kind::Exhausted => Code::ResourceExhausted,
             Kind::SourceIo => Code::DataLoss,
-            Kind::ShuttingDown => Code::Unavailable,
+            Kind::ShuttingDown | Kind::Opening => Code::Unavailable,
             Kind::Internal => Code::Internal,
         }
     }

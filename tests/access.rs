@@ -159,6 +159,20 @@ fn each_user_reads_through_larder_only_what_they_could_read_themselves() {
         std::thread::sleep(Duration::from_millis(20));
     }
 
+    // larderd listens first and opens its datasets after: wait until root sees all four.
+    let started = Instant::now();
+    loop {
+        let all = text(&larder_as(0, &socket, &["datasets"]));
+        if ["public", "secret", "granted", "alice-own"]
+            .iter()
+            .all(|n| all.contains(n))
+        {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "{all}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
     // What each user is shown.
     let listed = |uid| {
         let o = larder_as(uid, &socket, &["datasets"]);

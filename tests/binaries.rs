@@ -53,7 +53,12 @@ fn larderd_serves_the_cli_over_a_unix_socket_and_stops_on_sigterm() {
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o660, "the daemon's user and group may connect");
 
-    let datasets = larder(&addr, &["datasets"]);
+    // larderd listens first and opens its datasets after: "train" is listed once open.
+    let mut datasets = larder(&addr, &["datasets"]);
+    while !datasets.contains("train") && started.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+        datasets = larder(&addr, &["datasets"]);
+    }
     assert!(datasets.contains("train"), "{datasets}");
     assert!(datasets.contains("[3, 8, 8]"), "{datasets}");
     assert!(datasets.contains("train.h5#images"), "{datasets}");

@@ -262,7 +262,10 @@ async fn a_dataset_that_does_not_open_is_reported_and_the_others_served() {
             p.join(format!("{name}.h5"))
         )
     };
-    let tables = ["good", "cut", "strings", "missing", "huge"]
+    // A FIFO where the file should be: HDF5 would wait for a writer forever, holding its lock.
+    let fifo = std::ffi::CString::new(p.join("fifo.h5").to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let tables = ["good", "cut", "strings", "missing", "huge", "fifo"]
         .map(table)
         .concat();
     let d = daemon(p, "", &tables).await;
@@ -277,6 +280,7 @@ async fn a_dataset_that_does_not_open_is_reported_and_the_others_served() {
         ("strings", "images"),
         ("missing", "missing.h5"),
         ("huge", "limits.max_sample_bytes"),
+        ("fifo", "not a regular file"),
     ] {
         let status = c.stream_batches(req(name, 8)).await.expect_err("refused");
         assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");

@@ -101,6 +101,8 @@ async fn datasets_come_and_go_while_streams_run() {
     let d = start(p);
 
     // b's file is missing: reported, then served once it appears.
+    // larderd listens first and opens its datasets after: wait for "a" to be served.
+    common::check_epoch(&served_within(&d, "a", Duration::from_secs(20)).await, 300);
     let status = d
         .client()
         .await

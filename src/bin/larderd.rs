@@ -18,9 +18,10 @@ struct Args {
         env = "LARDER_CONFIG"
     )]
     config: PathBuf,
-    /// Once listening, write the address clients connect to (e.g. "http://127.0.0.1:41234",
-    /// the port the kernel gave for `listen = "127.0.0.1:0"`) to this file, renamed into
-    /// place: a script or test waits for the file instead of guessing a free port.
+    /// Once listening and the config's datasets have been tried, write the address clients
+    /// connect to (e.g. "http://127.0.0.1:41234", the port the kernel gave for `listen =
+    /// "127.0.0.1:0"`) to this file (PATH.tmp renamed into place): a script or test waits for
+    /// the file instead of guessing a free port or racing the datasets' opening.
     #[arg(long)]
     address_file: Option<PathBuf>,
 }
@@ -30,15 +31,23 @@ async fn main() -> Result<()> {
     larder::init_logging("info");
     let args = Args::parse();
     let config = larder::config::Config::load(&args.config)?;
-    let daemon = larder::server::Daemon::start(config)
+    let daemon = larder::server::Daemon::listen(config)
         .await
         .context("starting larderd")?;
-    if let Some(path) = &args.address_file {
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        std::fs::write(&tmp, format!("{}\n", daemon.client_addr()))
-            .and_then(|()| std::fs::rename(&tmp, path))
-            .with_context(|| format!("writing the address to {}", path.display()))?;
+    if let Some(path) = args.address_file.clone() {
+        // Written once the config's datasets have been tried (opened, or found not to open),
+        // so a script or test that waits for it can stream at once.
+        let (addr, datasets) = (daemon.client_addr(), daemon.datasets());
+        tokio::spawn(async move {
+            datasets.reconcile().await;
+            let mut tmp = path.as_os_str().to_owned();
+            tmp.push(".tmp");
+            let written = std::fs::write(&tmp, format!("{addr}\n"))
+                .and_then(|()| std::fs::rename(&tmp, &path));
+            if let Err(e) = written {
+                tracing::error!("writing the address to {}: {e}", path.display());
+            }
+        });
     }
     let stop = daemon.shutdown_handle();
     let datasets = daemon.datasets();

@@ -42,19 +42,24 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Opens the datasets and starts serving.
+    /// Starts serving and returns once the config's datasets have been opened (or found not
+    /// to open): tests and tools that stream at once.
     pub async fn start(config: Config) -> Result<Daemon> {
-        let catalog = Catalog::open(&config.datasets, config.limits);
-        Daemon::start_with_catalog(config, catalog).await
+        let daemon = Daemon::listen(config).await?;
+        daemon.datasets.reconcile().await;
+        Ok(daemon)
     }
 
-    pub async fn start_with_catalog(config: Config, catalog: Catalog) -> Result<Daemon> {
+    /// Listens at once and opens the config's datasets in the background: a stream for one
+    /// not open yet gets UNAVAILABLE ("being opened"), which clients retry. larderd does this,
+    /// so a large image folder being walked keeps no one from the others.
+    pub async fn listen(config: Config) -> Result<Daemon> {
+        let catalog = Catalog::default();
         let mut sys = sysinfo::System::new();
         sys.refresh_memory();
         let total = sys.total_memory();
         let budget = config.budget_bytes(total);
         let floor = config.min_available_bytes(total);
-        log_capacity_plan(&catalog, budget, config.memory.expansion_factor);
 
         let metrics = Arc::new(Metrics::default());
         metrics.set_machine_available(sys.available_memory());
@@ -76,9 +81,7 @@ impl Daemon {
             metrics.clone(),
             workers,
         )?;
-        for ds in catalog.all() {
-            store.add(&ds);
-        }
+        // Every shard folder counts as idle until its dataset opens and takes it back.
         store.keep_unused_scratch();
         let streams = Streams::new(memory.clone(), metrics.clone());
         let buffers = Arc::new(MessageBuffers::new(config.memory.message_buffers_bytes));
@@ -96,12 +99,19 @@ impl Daemon {
         let trimmer = tokio::spawn(trim_idle_buffers(buffers.clone()));
         let catalog = Arc::new(catalog);
         let (shutdown, shutdown_rx) = shutdown::channel();
+        tracing::info!(
+            budget_bytes = budget,
+            expansion_factor = config.memory.expansion_factor,
+            "memory tier budget"
+        );
         let datasets = Datasets::new(
             catalog.clone(),
             store.clone(),
             config.datasets.clone(),
             config.limits,
+            (budget, config.memory.expansion_factor),
         );
+        catalog.expect(&config.datasets);
         let keeper = tokio::spawn(datasets.clone().keep_current(shutdown.subscribe()));
         let rings = Rings::new(config.shm_budget_bytes(total));
         let service = Service::new(
@@ -305,30 +315,4 @@ fn bind_unix(path: &std::path::Path, mode: u32) -> Result<tokio::net::UnixListen
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("setting the mode of {}", path.display()))?;
     Ok(listener)
-}
-
-/// Logs, per dataset, how much of it the memory budget holds, planning with the expansion factor.
-fn log_capacity_plan(catalog: &Catalog, budget: u64, expansion_factor: f64) {
-    tracing::info!(
-        budget_bytes = budget,
-        expansion_factor,
-        "memory tier budget"
-    );
-    for ds in catalog.all() {
-        let disk = ds.source.disk_bytes();
-        let planned = (disk as f64 * expansion_factor) as u64;
-        let fraction = if planned == 0 {
-            1.0
-        } else {
-            (budget as f64 / planned as f64).min(1.0)
-        };
-        tracing::info!(
-            dataset = %ds.name,
-            samples = ds.len(),
-            disk_bytes = disk,
-            planned_memory_bytes = planned,
-            "capacity plan: the memory tier holds about {:.0}% of this dataset",
-            fraction * 100.0
-        );
-    }
 }

@@ -4,7 +4,7 @@
 //! started with and finish as it was.
 
 use super::shutdown::Shutdown;
-use crate::catalog::{Catalog, Changes};
+use crate::catalog::{Catalog, Changes, Dataset};
 use crate::config::{DatasetConfig, Limits};
 use crate::tiers::store::Store;
 use std::sync::{Arc, Mutex};
@@ -22,6 +22,8 @@ pub struct Datasets {
     /// The `[[dataset]]` tables of the config last loaded.
     configs: Arc<Mutex<Vec<DatasetConfig>>>,
     limits: Limits,
+    /// The memory tier's budget and the expansion factor, for each dataset's capacity plan.
+    plan: (u64, f64),
     /// One reconcile at a time (a reload during a recheck waits for it).
     busy: Arc<tokio::sync::Mutex<()>>,
 }
@@ -32,12 +34,14 @@ impl Datasets {
         store: Arc<Store>,
         configs: Vec<DatasetConfig>,
         limits: Limits,
+        plan: (u64, f64),
     ) -> Datasets {
         Datasets {
             catalog,
             store,
             configs: Arc::new(Mutex::new(configs)),
             limits,
+            plan,
             busy: Default::default(),
         }
     }
@@ -78,11 +82,13 @@ impl Datasets {
         }
         for ds in &changes.opened {
             self.store.add(ds);
+            log_capacity_plan(ds, self.plan);
         }
     }
 
-    /// Reconciles every RECHECK until the daemon stops.
+    /// Opens the datasets now, then reconciles every RECHECK until the daemon stops.
     pub async fn keep_current(self, mut stop: Shutdown) {
+        self.reconcile().await;
         let mut ticker = tokio::time::interval(RECHECK);
         ticker.tick().await;
         loop {
@@ -92,4 +98,23 @@ impl Datasets {
             }
         }
     }
+}
+
+/// Logs how much of `ds` the memory budget holds, planning with the expansion factor.
+fn log_capacity_plan(ds: &Dataset, (budget, expansion_factor): (u64, f64)) {
+    let disk = ds.source.disk_bytes();
+    let planned = (disk as f64 * expansion_factor) as u64;
+    let fraction = if planned == 0 {
+        1.0
+    } else {
+        (budget as f64 / planned as f64).min(1.0)
+    };
+    tracing::info!(
+        dataset = %ds.name,
+        samples = ds.len(),
+        disk_bytes = disk,
+        planned_memory_bytes = planned,
+        "capacity plan: the memory tier holds about {:.0}% of this dataset",
+        fraction * 100.0
+    );
 }

@@ -145,6 +145,16 @@ impl Service {
 
     fn named(&self, name: &str) -> Result<Arc<Dataset>, Status> {
         self.catalog.get(name).ok_or_else(|| {
+            if self.catalog.opening(name) {
+                return Error::new(
+                    Kind::Opening,
+                    format!(
+                        "dataset {} is being opened (the daemon just started); retry shortly",
+                        quote(name)
+                    ),
+                )
+                .into();
+            }
             if let Some(why) = self.catalog.failed(name) {
                 return Error::new(
                     Kind::Precondition,

@@ -78,6 +78,13 @@ impl Hdf5Source {
         // being served. A rewritten file changes size or mtime, which the scratch tier notices.
         let stamp =
             Stamp::of(path).with_context(|| format!("opening HDF5 file {}", path.display()))?;
+        // A FIFO or a device would block HDF5's open (and HDF5's one lock with it, for every
+        // dataset) or never end.
+        ensure!(
+            std::fs::metadata(path).is_ok_and(|m| m.is_file()),
+            "{} is not a regular file",
+            path.display()
+        );
         let file = hdf5::File::with_options()
             .with_fapl(|p| p.file_locking(false))
             .open(path)
