@@ -262,8 +262,8 @@ struct Served {
 }
 
 struct Failed {
+    /// Why it is not served: the error of its last open.
     why: String,
-    config: DatasetConfig,
 }
 
 /// What a reconcile did: the datasets opened (new, or replacing `replaced`), and those gone.
@@ -356,13 +356,7 @@ impl Catalog {
                     if let Some(old) = state.served.remove(&c.name) {
                         changes.dropped.push(old.dataset.id);
                     }
-                    state.failed.insert(
-                        c.name.clone(),
-                        Failed {
-                            why,
-                            config: c.clone(),
-                        },
-                    );
+                    state.failed.insert(c.name.clone(), Failed { why });
                 }
             }
         }
@@ -395,10 +389,7 @@ impl Catalog {
             let why = "its files changed; it opens again once the streams still reading the \
                        old version end"
                 .to_string();
-            let config = c.clone();
-            state
-                .failed
-                .insert(name.to_string(), Failed { why, config });
+            state.failed.insert(name.to_string(), Failed { why });
             return false;
         }
         state.closing.remove(name);
@@ -421,13 +412,16 @@ impl Catalog {
         self.read().opening.contains(name)
     }
 
-    /// The tables of the datasets that do not open now, to try again.
-    pub fn failed_configs(&self) -> Vec<DatasetConfig> {
-        self.read()
-            .failed
-            .values()
-            .map(|f| f.config.clone())
-            .collect()
+    /// The config's datasets not served now, with why: being opened, or the error of their
+    /// last open.
+    pub fn unavailable(&self) -> Vec<(String, String)> {
+        let state = self.read();
+        let opening = state
+            .opening
+            .iter()
+            .map(|n| (n.clone(), "being opened".to_string()));
+        let failed = state.failed.iter().map(|(n, f)| (n.clone(), f.why.clone()));
+        opening.chain(failed).collect()
     }
 
     /// Why dataset `name` of the config is not served, if it did not open.
@@ -451,10 +445,6 @@ impl Catalog {
 
     pub fn get(&self, name: &str) -> Option<Arc<Dataset>> {
         self.read().served.get(name).map(|s| s.dataset.clone())
-    }
-
-    pub fn names(&self) -> Vec<String> {
-        self.read().served.keys().cloned().collect()
     }
 
     /// The datasets served now.

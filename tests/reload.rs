@@ -111,6 +111,22 @@ async fn datasets_come_and_go_while_streams_run() {
         .expect_err("b does not open");
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
     assert!(status.message().contains("b.h5"), "{status:?}");
+    // The admin sees it listed, with why.
+    let listed = Command::new(env!("CARGO_BIN_EXE_larder"))
+        .arg("--addr")
+        .arg(format!("unix:{}", d.socket.display()))
+        .arg("datasets")
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    let line = listed
+        .lines()
+        .find(|l| l.starts_with("b "))
+        .unwrap_or_default();
+    assert!(
+        line.contains("unavailable: ") && line.contains("b.h5"),
+        "{listed}"
+    );
     make_dataset(&p.join("b.h5"), 50, &[2, 4, 4]).unwrap();
     common::check_epoch(&served_within(&d, "b", Duration::from_secs(25)).await, 50);
 

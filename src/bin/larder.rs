@@ -89,6 +89,9 @@ async fn main() -> Result<()> {
                     d.source
                 );
             }
+            for u in list.unavailable {
+                println!("{:<20} {:>10}  unavailable: {}", u.name, "-", u.reason);
+            }
         }
         Command::Stats => {
             let mut client = connect(&args.addr).await?;

@@ -16,7 +16,7 @@ use crate::proto::larder_server::Larder;
 use crate::proto::{
     BadSample, Batch, DatasetInfo, GetStatsRequest, ListBadSamplesRequest, ListBadSamplesResponse,
     ListDatasetsRequest, ListDatasetsResponse, Stats, StreamBatchesRequest, StreamPlan,
-    VariableLayout, WarmProgress, WarmRequest,
+    UnavailableDataset, VariableLayout, WarmProgress, WarmRequest,
 };
 use crate::sampler::{Plan, PlanRequest};
 use crate::streams::{StreamSpec, Streams};
@@ -299,7 +299,21 @@ impl Larder for Service {
                 datasets.push(ds.info());
             }
         }
-        Ok(Response::new(ListDatasetsResponse { datasets }))
+        // The admin's view: root and the daemon's own user also see what is not served.
+        let admin = matches!(&who, Caller::Local(id) if id.uid == 0 || id.uid == unsafe { libc::geteuid() });
+        let unavailable = match admin {
+            true => self
+                .catalog
+                .unavailable()
+                .into_iter()
+                .map(|(name, reason)| UnavailableDataset { name, reason })
+                .collect(),
+            false => vec![],
+        };
+        Ok(Response::new(ListDatasetsResponse {
+            datasets,
+            unavailable,
+        }))
     }
 
     async fn list_bad_samples(

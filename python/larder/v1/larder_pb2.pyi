@@ -123,10 +123,12 @@ class ListDatasetsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListDatasetsResponse(_message.Message):
-    __slots__ = ["datasets"]
+    __slots__ = ["datasets", "unavailable"]
     DATASETS_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
     datasets: _containers.RepeatedCompositeFieldContainer[DatasetInfo]
-    def __init__(self, datasets: _Optional[_Iterable[_Union[DatasetInfo, _Mapping]]] = ...) -> None: ...
+    unavailable: _containers.RepeatedCompositeFieldContainer[UnavailableDataset]
+    def __init__(self, datasets: _Optional[_Iterable[_Union[DatasetInfo, _Mapping]]] = ..., unavailable: _Optional[_Iterable[_Union[UnavailableDataset, _Mapping]]] = ...) -> None: ...
 
 class Stats(_message.Message):
     __slots__ = ["accounted_bytes", "active_streams", "admissions_declined", "allocator_free_bytes", "anonymous_bytes", "anonymous_ceiling_bytes", "bad_samples", "batches_served", "bytes_served", "client_stall_seconds", "coalesced_fetches", "hit_rate", "machine_available_bytes", "measured_expansion_factor", "memory_budget_bytes", "memory_bytes", "memory_entries", "message_buffer_in_flight_bytes", "message_buffer_spare_bytes", "planned_expansion_factor", "resident_bytes", "samples_served", "scratch_budget_bytes", "scratch_bytes", "scratch_corrupt_records", "scratch_paused", "shared_bytes", "shm_batches", "shm_budget_bytes", "shm_bytes", "shm_fallbacks", "shm_rings", "tiers", "uptime_seconds"]
@@ -263,6 +265,14 @@ class TierStats(_message.Message):
     hits: int
     tier: str
     def __init__(self, tier: _Optional[str] = ..., hits: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class UnavailableDataset(_message.Message):
+    __slots__ = ["name", "reason"]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class WarmProgress(_message.Message):
     __slots__ = ["bad", "done", "present", "total", "written"]
