@@ -242,3 +242,41 @@ fn each_user_reads_through_larder_only_what_they_could_read_themselves() {
     set_mode(&public, 0o644);
     ok(stream(alice, "public"));
 }
+
+/// What a check as another user costs per file (a measurement, printed; no assertion on
+/// time): `cargo test --release --test access -- --ignored --nocapture check_cost`.
+#[test]
+#[ignore = "adds users and groups: needs root (scripts/test runs it as root)"]
+fn check_cost() {
+    use larder::access::{check, Caller, Guard, Identity};
+    assert_eq!(unsafe { libc::geteuid() }, 0, "run as root");
+    let users = Users::make();
+    let dir = tempfile::tempdir().unwrap();
+    set_mode(dir.path(), 0o755);
+    let files: Vec<PathBuf> = (0..20_000)
+        .map(|i| {
+            let p = dir.path().join(format!("{i}.jpg"));
+            std::fs::write(&p, b"x").unwrap();
+            p
+        })
+        .collect();
+    let who = Caller::Local(std::sync::Arc::new(Identity::of_user(
+        users.uid(0),
+        id("-g", "nobody"),
+        None,
+    )));
+    let guard = Guard {
+        allow: vec![],
+        tcp: false,
+    };
+    for _ in 0..2 {
+        let started = Instant::now();
+        check(&guard, &who, &files).unwrap();
+        let per = started.elapsed().as_secs_f64() / files.len() as f64;
+        println!(
+            "a check as another user: {:.2} us a file ({} files)",
+            per * 1e6,
+            files.len()
+        );
+    }
+}
