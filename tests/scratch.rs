@@ -481,3 +481,52 @@ async fn warming_while_clients_stream_is_safe() {
     check_epoch(&full_epoch(&d, 2).await, n);
     assert_eq!(hits(&stats(&d).await, "scratch") - hits(&s, "scratch"), n);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_made_again_with_the_same_size_and_mtime_never_finds_the_old_shards() {
+    let n = 100;
+    let dir = dataset(n);
+    let scratch = dir.path().join("scratch");
+    let path = dir.path().join("train.h5");
+    let d = start(dir.path(), &scratch, "", 0).await;
+    warm(&d).await.unwrap();
+    d.shutdown().await.unwrap();
+    // Another file in its place: the same size and mtime (touch -d), other pixels.
+    let other = dir.path().join("other.h5");
+    make_dataset(&other, n, &SHAPE).unwrap();
+    {
+        let f = hdf5::File::open_rw(&other).unwrap();
+        let images = f.dataset("images").unwrap();
+        let data: Vec<u8> = images.read_raw::<u8>().unwrap();
+        let flipped: Vec<u8> = data.iter().map(|b| 255 - b).collect();
+        images.write_raw(&flipped).unwrap();
+    }
+    let old = std::fs::metadata(&path).unwrap();
+    assert_eq!(std::fs::metadata(&other).unwrap().len(), old.len());
+    std::fs::File::options()
+        .write(true)
+        .open(&other)
+        .unwrap()
+        .set_modified(old.modified().unwrap())
+        .unwrap();
+    std::fs::rename(&other, &path).unwrap();
+    let d = start(dir.path(), &scratch, "", 0).await;
+    let batches = full_epoch(&d, 0).await;
+    for b in &batches {
+        for (k, &id) in b.sample_ids.iter().enumerate() {
+            let got = &b.data[k * SAMPLE_BYTES..(k + 1) * SAMPLE_BYTES];
+            let want: Vec<u8> = larder::synthetic::expected_sample(id, SAMPLE_BYTES)
+                .iter()
+                .map(|b| 255 - b)
+                .collect();
+            assert_eq!(got, &want[..], "sample {id}: the new file's bytes");
+        }
+    }
+    check_epoch_ids(&batches, n);
+}
+
+fn check_epoch_ids(batches: &[Batch], n: u64) {
+    let mut ids: Vec<u64> = batches.iter().flat_map(|b| b.sample_ids.clone()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..n).collect::<Vec<_>>());
+}

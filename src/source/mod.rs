@@ -140,13 +140,19 @@ impl Stamp {
     }
 }
 
-/// Path, size and modification time of a file, as a version string.
+/// Path, size, modification time and birth time of a file, as a version string (part of the
+/// scratch tier's fingerprint). The birth time is what a user cannot forge: a file deleted and
+/// made again with the same size and mtime (`touch -d`), even on the same inode number, has
+/// another one, so it never finds the shards of the file it replaced.
 fn file_version(path: &Path) -> String {
     let meta = std::fs::metadata(path).ok();
     let len = meta.as_ref().map_or(0, |m| m.len());
-    let mtime = meta
-        .and_then(|m| m.modified().ok())
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos());
-    format!("{}:{len}:{mtime}", path.display())
+    let nanos = |t: std::io::Result<std::time::SystemTime>| {
+        t.ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos())
+    };
+    let mtime = meta.as_ref().map_or(0, |m| nanos(m.modified()));
+    let btime = meta.as_ref().map_or(0, |m| nanos(m.created()));
+    format!("{}:{len}:{mtime}:{btime}", path.display())
 }
