@@ -209,31 +209,42 @@ pub fn denied(dataset: &str, who: &Caller, why: &str) -> Error {
     )
 }
 
-/// Whether `who` may have a dataset guarded by `guard` whose raw files are `files` (checked
-/// as the caller, on a thread of its own: call from a blocking context). Err says why not.
-pub fn check(guard: &Guard, who: &Caller, files: &[PathBuf]) -> Result<(), String> {
+/// What `guard` decides for `who` without looking at any file: TCP callers, grants, root and
+/// the daemon's own user; None when the files must be checked as the caller.
+pub fn decide(guard: &Guard, who: &Caller) -> Option<Result<(), String>> {
     let id = match who {
-        Caller::Tcp if guard.tcp => return Ok(()),
+        Caller::Tcp if guard.tcp => return Some(Ok(())),
         Caller::Tcp => {
-            return Err(
-                "over TCP only datasets marked tcp = true are served (TCP has no \
-                        identity); use the daemon's Unix socket"
+            return Some(Err(
+                "over TCP only datasets marked tcp = true are served (TCP has no identity); \
+                 use the daemon's Unix socket"
                     .into(),
-            )
+            ))
         }
         Caller::Local(id) => id,
     };
     if guard.allow.iter().any(|g| g.grants(id)) {
-        return Ok(());
+        return Some(Ok(()));
     }
     let me = unsafe { libc::geteuid() };
     if id.uid == 0 || id.uid == me {
         // Root, or the daemon's own user: what the daemon reads with its own rights is what
         // they could read (the daemon as root reads anything; as user larder, only larder's).
-        return Ok(());
+        return Some(Ok(()));
     }
-    let id = id.clone();
-    let files = files.to_vec();
+    None
+}
+
+/// Whether `who` may have a dataset guarded by `guard` whose raw files are `files` (checked
+/// as the caller, on a thread of its own: call from a blocking context). Err says why not.
+pub fn check(guard: &Guard, who: &Caller, files: &Arc<[PathBuf]>) -> Result<(), String> {
+    if let Some(decided) = decide(guard, who) {
+        return decided;
+    }
+    let Caller::Local(id) = who else {
+        unreachable!("decide answers for TCP callers")
+    };
+    let (id, files) = (id.clone(), files.clone());
     let outcome = std::thread::spawn(move || as_user(&id, || first_unreadable(&files)))
         .join()
         .map_err(|_| "the access check failed".to_string())?;
@@ -442,8 +453,9 @@ mod tests {
             allow: vec![Grant::All],
             tcp: false,
         };
-        assert!(check(&open, &Caller::Tcp, &[]).is_ok());
-        assert!(check(&closed, &Caller::Tcp, &[]).is_err());
+        let none: Arc<[PathBuf]> = Arc::from(vec![]);
+        assert!(check(&open, &Caller::Tcp, &none).is_ok());
+        assert!(check(&closed, &Caller::Tcp, &none).is_err());
     }
 
     #[test]
@@ -460,7 +472,7 @@ mod tests {
             allow: vec![],
             tcp: false,
         };
-        assert!(check(&guard, &me, std::slice::from_ref(&file)).is_ok());
+        assert!(check(&guard, &me, &Arc::from(vec![file.clone()])).is_ok());
         // Checked as a thread of this process would read it.
         let missing = dir.path().join("missing");
         let (p, e) = first_unreadable(&[file, missing.clone()]).unwrap();

@@ -19,7 +19,10 @@ struct Users {
 impl Users {
     /// `alice` and `bob` (bob in group `ml`), with names unique to this run.
     fn make() -> Users {
-        let tag = std::process::id();
+        // Unique to this process and this call: the tests run side by side.
+        static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tag = format!("{}x{call}", std::process::id());
         let group = format!("lt{tag}ml");
         let names = vec![format!("lt{tag}alice"), format!("lt{tag}bob")];
         run("groupadd", &[&group]);
@@ -253,13 +256,14 @@ fn check_cost() {
     let users = Users::make();
     let dir = tempfile::tempdir().unwrap();
     set_mode(dir.path(), 0o755);
-    let files: Vec<PathBuf> = (0..20_000)
+    let files: std::sync::Arc<[PathBuf]> = (0..20_000)
         .map(|i| {
             let p = dir.path().join(format!("{i}.jpg"));
             std::fs::write(&p, b"x").unwrap();
             p
         })
-        .collect();
+        .collect::<Vec<_>>()
+        .into();
     let who = Caller::Local(std::sync::Arc::new(Identity::of_user(
         users.uid(0),
         id("-g", "nobody"),

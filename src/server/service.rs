@@ -293,9 +293,13 @@ impl Larder for Service {
         let who = Caller::of(&request);
         let mut datasets: Vec<DatasetInfo> = vec![];
         for ds in self.catalog.all() {
+            // A proof is renewed only by a check made now, never by its own reuse.
             let root = ds.source.root();
-            if self.proofs.fresh(&who, ds.id, root) || admit(&ds, &who).await.is_ok() {
-                self.proofs.record(&who, ds.id, root);
+            let fresh = self.proofs.fresh(&who, ds.id, root);
+            if fresh || admit(&ds, &who).await.is_ok() {
+                if !fresh {
+                    self.proofs.record(&who, ds.id, root);
+                }
                 datasets.push(ds.info());
             }
         }
@@ -475,6 +479,7 @@ impl Larder for Service {
             prefetch: self.prefetch_batches,
             shutdown: self.shutdown.clone(),
             who,
+            catalog: self.catalog.clone(),
         };
         tokio::spawn(producer.run(tx));
         let metered = MeteredStream::new(rx, handle);

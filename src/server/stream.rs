@@ -130,8 +130,10 @@ pub struct Producer {
     pub prefetch: usize,
     pub shutdown: Shutdown,
     /// Who asked: their access is checked again whenever the last check is older than
-    /// `access::PROOF_TTL`, and a stream whose caller lost it ends with PERMISSION_DENIED.
+    /// `access::PROOF_TTL`, against the dataset's grants as the catalog has them now (a reload
+    /// may have taken one away), and a stream whose caller lost it ends with PERMISSION_DENIED.
     pub who: Caller,
+    pub catalog: Arc<crate::catalog::Catalog>,
 }
 
 impl Producer {
@@ -147,6 +149,7 @@ impl Producer {
             prefetch,
             mut shutdown,
             who,
+            catalog,
         } = self;
         let mut checked = Instant::now();
         // The ring is this stream's until it ends (a previous stream on it must stop first).
@@ -179,7 +182,9 @@ impl Producer {
                 }
             };
             if checked.elapsed() >= PROOF_TTL {
-                if let Err(denied) = super::admission::admit(&ds, &who).await {
+                // A dataset taken out of the config finishes its open streams as it was.
+                let now = catalog.get(&ds.name).unwrap_or_else(|| ds.clone());
+                if let Err(denied) = super::admission::admit(&now, &who).await {
                     let _ = tx.send(Err(denied)).await;
                     return;
                 }

@@ -200,8 +200,8 @@ impl RawSource for Hdf5Source {
         self.stamp.changed(&self.path)
     }
 
-    fn files(&self) -> Vec<PathBuf> {
-        vec![self.path.clone()]
+    fn files(&self) -> std::sync::Arc<[PathBuf]> {
+        std::sync::Arc::from(vec![self.path.clone()])
     }
 
     fn root(&self) -> &Path {

@@ -37,6 +37,25 @@ pub struct ImageFolderSource {
     /// The folders whose entries make the samples (the image folder, its class folders), with
     /// their modification times when walked: a file added, removed or renamed there moves it.
     folders: Vec<(PathBuf, Option<std::time::SystemTime>)>,
+    /// What a user must be able to read to have the dataset: the folder, the folders walked
+    /// (a folder searchable but not listable hides its names) and every file; built once.
+    files: std::sync::Arc<[PathBuf]>,
+}
+
+/// The root, the folders walked and every file of `columns`.
+fn access_files(
+    root: &Path,
+    folders: &[(PathBuf, Option<std::time::SystemTime>)],
+    columns: &[Column],
+) -> std::sync::Arc<[PathBuf]> {
+    let mut files = vec![root.to_path_buf()];
+    files.extend(folders.iter().map(|(d, _)| d.clone()));
+    for c in columns {
+        if let Column::Files(paths) = c {
+            files.extend(paths.iter().cloned());
+        }
+    }
+    files.into()
 }
 
 /// A folder's modification time now.
@@ -154,6 +173,7 @@ impl ImageFolderSource {
             }
         }
         let version = format!("{}:{}:{:016x}", root.display(), rels.len(), hash);
+        let files = access_files(root, &folders, &columns);
         Ok(ImageFolderSource {
             root: root.to_path_buf(),
             disk_bytes: sizes.iter().sum(),
@@ -163,6 +183,7 @@ impl ImageFolderSource {
             classes,
             version,
             max_file_bytes: u64::MAX,
+            files,
             folders,
         })
     }
@@ -223,14 +244,8 @@ impl RawSource for ImageFolderSource {
         self.version.clone()
     }
 
-    fn files(&self) -> Vec<PathBuf> {
-        let mut files = vec![self.root.clone()];
-        for c in &self.columns {
-            if let Column::Files(paths) = c {
-                files.extend(paths.iter().cloned());
-            }
-        }
-        files
+    fn files(&self) -> std::sync::Arc<[PathBuf]> {
+        self.files.clone()
     }
 
     fn root(&self) -> &Path {

@@ -74,7 +74,8 @@ pub trait RawSource: Send + Sync {
     }
     /// The files (and folders) a user must be able to read to be served this source without
     /// a grant: checked as that user (see `access`).
-    fn files(&self) -> Vec<std::path::PathBuf>;
+    /// (Built once, at open: a check must not allocate a million paths per request.)
+    fn files(&self) -> std::sync::Arc<[std::path::PathBuf]>;
     /// The file or folder the source is: its status-change time stamps access checks (a chmod
     /// or chown of it changes that time, and no user can set it).
     fn root(&self) -> &Path;
