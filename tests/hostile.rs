@@ -262,12 +262,28 @@ async fn a_dataset_that_does_not_open_is_reported_and_the_others_served() {
             p.join(format!("{name}.h5"))
         )
     };
+    // Files whose data lies elsewhere (another user's file, as far as the check knows): an
+    // external link, and external raw storage.
+    let file = hdf5::File::create(p.join("linked.h5")).unwrap();
+    file.link_external(p.join("good.h5").to_str().unwrap(), "images", "images")
+        .unwrap();
+    drop(file);
+    std::fs::write(p.join("raw.bin"), vec![7u8; 40 * 32]).unwrap();
+    let file = hdf5::File::create(p.join("efl.h5")).unwrap();
+    file.new_dataset::<u8>()
+        .shape((40, 2, 4, 4))
+        .external(p.join("raw.bin").to_str().unwrap(), 0, 40 * 32)
+        .create("images")
+        .unwrap();
+    drop(file);
     // A FIFO where the file should be: HDF5 would wait for a writer forever, holding its lock.
     let fifo = std::ffi::CString::new(p.join("fifo.h5").to_str().unwrap()).unwrap();
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
-    let tables = ["good", "cut", "strings", "missing", "huge", "fifo"]
-        .map(table)
-        .concat();
+    let tables = [
+        "good", "cut", "strings", "missing", "huge", "fifo", "linked", "efl",
+    ]
+    .map(table)
+    .concat();
     let d = daemon(p, "", &tables).await;
     let mut c = connect(&d.client_addr()).await.unwrap();
     let batches = collect_batches(&mut c, req("good", 8)).await.unwrap();
@@ -281,6 +297,8 @@ async fn a_dataset_that_does_not_open_is_reported_and_the_others_served() {
         ("missing", "missing.h5"),
         ("huge", "limits.max_sample_bytes"),
         ("fifo", "not a regular file"),
+        ("linked", "external link"),
+        ("efl", "external raw files"),
     ] {
         let status = c.stream_batches(req(name, 8)).await.expect_err("refused");
         assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");

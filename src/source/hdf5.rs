@@ -334,6 +334,7 @@ fn open_field(file: &hdf5::File, path: &Path, fc: &FieldConfig) -> Result<(Field
             file.member_names().unwrap_or_default().join(", ")
         )
     })?;
+    own_data(file, name, &dataset).with_context(what)?;
     let stored = dataset
         .dtype()
         .and_then(|t| t.to_descriptor())
@@ -397,6 +398,42 @@ fn open_field(file: &hdf5::File, path: &Path, fc: &FieldConfig) -> Result<(Field
         field.column = Some(all);
     }
     Ok((field, spec, n))
+}
+
+/// Refuses a field whose data lives outside this file: reached through a soft or external
+/// link, stored in external raw files, or a virtual dataset mapping others. The daemon reads
+/// them with its own rights, so a file a user writes could otherwise point it at files the
+/// user may not read (the access check looks at this file only).
+fn own_data(file: &hdf5::File, name: &str, dataset: &hdf5::Dataset) -> Result<()> {
+    use hdf5::{IndexType, IterationOrder, LinkType};
+    let parts: Vec<&str> = name.split('/').filter(|p| !p.is_empty()).collect();
+    let mut group: hdf5::Group = (**file).clone();
+    for (k, part) in parts.iter().enumerate() {
+        let kind = group.find_link(IndexType::Name, IterationOrder::Native, |n, info| {
+            Ok((n == *part).then_some(info.link_type))
+        })?;
+        ensure!(
+            kind == Some(LinkType::Hard),
+            "reached through a {} link ({part:?}); larder reads only data stored in the file itself",
+            match kind {
+                Some(LinkType::Soft) => "soft",
+                _ => "external",
+            }
+        );
+        if k + 1 < parts.len() {
+            group = group.group(part)?;
+        }
+    }
+    let dcpl = dataset.dcpl()?;
+    ensure!(
+        dcpl.external().is_empty(),
+        "stored in external raw files; larder reads only data stored in the file itself"
+    );
+    ensure!(
+        dcpl.layout() != hdf5::dataset::Layout::Virtual,
+        "a virtual dataset (it maps other files); larder reads only data stored in the file itself"
+    );
+    Ok(())
 }
 
 /// Samples read about as cheaply together as one alone: reading one sample of a chunked
