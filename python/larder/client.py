@@ -196,7 +196,7 @@ class Client:
     """A connection to larderd.
 
     address: "host:port", "http://host:port" or "unix:/path/to/socket"; default: $LARDER_ADDR,
-    else 127.0.0.1:7878. reconnect_timeout: how long a stream keeps trying to reach a daemon
+    else unix:/run/larder/larder.sock. reconnect_timeout: how long a stream keeps trying to reach a daemon
     that went away before giving up, in seconds.
     """
 
