@@ -90,6 +90,12 @@ impl Caller {
             .map_or(Caller::Tcp, |c| Caller::Local(Arc::new(Identity::of(c))))
     }
 
+    /// Root or the daemon's own user, over the Unix socket: who sees why datasets are not
+    /// served.
+    pub fn is_admin(&self) -> bool {
+        matches!(self, Caller::Local(id) if id.uid == 0 || id.uid == unsafe { libc::geteuid() })
+    }
+
     /// Names the caller in logs and messages.
     pub fn describe(&self) -> String {
         match self {

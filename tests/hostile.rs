@@ -212,11 +212,13 @@ async fn half_open_handshakes_are_closed_at_once_and_cost_no_cpu() {
     drop(held);
 }
 
-/// A daemon (in this process) serving `datasets`, TOML tables, with `extra` top-level lines.
+/// A daemon (in this process) serving `datasets`, TOML tables, with `extra` top-level lines, on
+/// a Unix socket (this test's user, root in CI, sees why a dataset does not open).
 async fn daemon(dir: &Path, extra: &str, datasets: &str) -> Daemon {
     let config = Config::parse(&format!(
-        "listen = \"127.0.0.1:0\"\nmax_batch_size = 1000\n{extra}\n[scratch]\nenabled = false\n\
+        "unix_socket = {:?}\nmax_batch_size = 1000\n{extra}\n[scratch]\nenabled = false\n\
          dir = {:?}\n[memory]\nbudget_bytes = 1000\n{datasets}",
+        dir.join("larder.sock"),
         dir.join("scratch")
     ))
     .unwrap();
@@ -284,8 +286,9 @@ async fn a_dataset_that_does_not_open_is_reported_and_the_others_served() {
     ]
     .map(table)
     .concat();
-    let d = daemon(p, "", &tables).await;
-    let mut c = connect(&d.client_addr()).await.unwrap();
+    let d = daemon(p, "listen = \"127.0.0.1:0\"", &tables).await;
+    let unix = format!("unix:{}", d.unix_socket.as_ref().unwrap().display());
+    let mut c = connect(&unix).await.unwrap();
     let batches = collect_batches(&mut c, req("good", 8)).await.unwrap();
     assert_eq!(
         batches.iter().map(|b| b.sample_ids.len()).sum::<usize>(),
@@ -305,6 +308,14 @@ async fn a_dataset_that_does_not_open_is_reported_and_the_others_served() {
         assert!(status.message().contains("did not open"), "{status:?}");
         assert!(status.message().contains(why), "{status:?}");
     }
+    // Why (paths, sizes) is for root and the daemon's user: a TCP client is not told.
+    let mut tcp = connect(&d.client_addr()).await.unwrap();
+    let status = tcp
+        .stream_batches(req("missing", 8))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(!status.message().contains("missing.h5"), "{status:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

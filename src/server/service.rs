@@ -119,14 +119,14 @@ impl Service {
     /// The dataset a request names, as its files are now: one whose files changed since it
     /// was opened (an HDF5 file rewritten, images added or removed) is opened again first, so
     /// every epoch starts on the data as it is.
-    async fn dataset(&self, name: &str) -> Result<Arc<Dataset>, Status> {
-        let ds = self.named(name)?;
+    async fn dataset(&self, name: &str, who: &Caller) -> Result<Arc<Dataset>, Status> {
+        let ds = self.named(name, who)?;
         if ds.source.changed().is_none() {
             return Ok(ds);
         }
         drop(ds); // the old version closes once nothing holds it
         self.datasets.reconcile().await;
-        let ds = self.named(name)?;
+        let ds = self.named(name, who)?;
         if let Some(why) = ds.source.changed() {
             return Err(
                 Error::new(Kind::Changed, format!("dataset {}: {why}", quote(name))).into(),
@@ -137,13 +137,15 @@ impl Service {
 
     /// The dataset a request names, if `who` may have it: checked afresh, as them.
     async fn admitted(&self, name: &str, who: &Caller) -> Result<Arc<Dataset>, Status> {
-        let ds = self.dataset(name).await?;
+        let ds = self.dataset(name, who).await?;
         admit(&ds, who).await?;
         self.proofs.record(who, ds.id, ds.source.root());
         Ok(ds)
     }
 
-    fn named(&self, name: &str) -> Result<Arc<Dataset>, Status> {
+    /// The dataset served as `name`. Why one did not open (paths, sizes, file names) is said
+    /// to root and the daemon's own user only; others are told to ask them.
+    fn named(&self, name: &str, who: &Caller) -> Result<Arc<Dataset>, Status> {
         self.catalog.get(name).ok_or_else(|| {
             if self.catalog.opening(name) {
                 return Error::new(
@@ -156,6 +158,10 @@ impl Service {
                 .into();
             }
             if let Some(why) = self.catalog.failed(name) {
+                let why = match who.is_admin() {
+                    true => why,
+                    false => "the daemon's log, or `larder datasets` as root, says why".into(),
+                };
                 return Error::new(
                     Kind::Precondition,
                     format!(
@@ -304,8 +310,7 @@ impl Larder for Service {
             }
         }
         // The admin's view: root and the daemon's own user also see what is not served.
-        let admin = matches!(&who, Caller::Local(id) if id.uid == 0 || id.uid == unsafe { libc::geteuid() });
-        let unavailable = match admin {
+        let unavailable = match who.is_admin() {
             true => self
                 .catalog
                 .unavailable()
@@ -335,7 +340,7 @@ impl Larder for Service {
             }
             mine
         } else {
-            let ds = self.named(&name)?;
+            let ds = self.named(&name, &who)?;
             admit(&ds, &who).await?;
             vec![ds]
         };
