@@ -14,7 +14,7 @@ use larder::synthetic::make_dataset;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 use tonic::Code;
 
@@ -38,17 +38,7 @@ impl Larderd {
             ),
         )
         .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_larderd"))
-            .arg("--config")
-            .arg(&config)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let started = Instant::now();
-        while !socket.exists() {
-            assert!(started.elapsed() < Duration::from_secs(20), "no socket");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let child = common::spawn_larderd(&config, &socket);
         Larderd { child, socket }
     }
 
@@ -360,12 +350,21 @@ async fn an_hdf5_file_truncated_while_served_is_never_served_as_zeros() {
     );
     assert!(end.message().contains("size went from"), "{end:?}");
     // The next stream opens the file again, freshly, as it is now (HDF5 refuses it whole:
-    // "truncated file"), and says so.
-    let status = c
-        .stream_batches(req("train", 10))
-        .await
-        .expect_err("refused");
-    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    // "truncated file"), and says so; until the ended stream's tasks have let go of the old
+    // version, it says that instead.
+    let started = Instant::now();
+    let status = loop {
+        let status = c
+            .stream_batches(req("train", 10))
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+        let waiting = status.message().contains("once the streams still reading");
+        if !waiting || started.elapsed() > Duration::from_secs(10) {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert!(status.message().contains("truncated file"), "{status:?}");
     let bad = c
         .list_bad_samples(ListBadSamplesRequest {
