@@ -90,6 +90,17 @@ impl Caller {
             .map_or(Caller::Tcp, |c| Caller::Local(Arc::new(Identity::of(c))))
     }
 
+    /// The process that asked, as rings know their owners (None over TCP).
+    pub fn peer(&self) -> Option<crate::peer::Peer> {
+        match self {
+            Caller::Local(id) => Some(crate::peer::Peer {
+                pid: id.pid,
+                uid: id.uid,
+            }),
+            Caller::Tcp => None,
+        }
+    }
+
     /// Root or the daemon's own user, over the Unix socket: who sees why datasets are not
     /// served.
     pub fn is_admin(&self) -> bool {
@@ -355,20 +366,33 @@ fn set_groups(groups: &[u32]) -> io::Result<()> {
     }
 }
 
-/// The user's name and primary group.
-fn user_name(uid: u32) -> Option<(CString, u32)> {
+/// A user's entry in the password database, looked up by `lookup` (getpwuid_r or
+/// getpwnam_r, with the buffers they fill): (name, uid, primary gid).
+fn passwd_entry(
+    lookup: impl FnOnce(
+        *mut libc::passwd,
+        *mut libc::c_char,
+        usize,
+        *mut *mut libc::passwd,
+    ) -> libc::c_int,
+) -> Option<(CString, u32, u32)> {
     let mut buf = vec![0u8; 16384];
     let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
     let mut out = std::ptr::null_mut();
-    // SAFETY: getpwuid_r writes into `pwd` and `buf` (of the length given).
-    let rc =
-        unsafe { libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr().cast(), buf.len(), &mut out) };
+    let rc = lookup(&mut pwd, buf.as_mut_ptr().cast(), buf.len(), &mut out);
     if rc != 0 || out.is_null() {
         return None;
     }
     // SAFETY: pw_name points into `buf`, NUL-terminated.
     let name = unsafe { CStr::from_ptr(pwd.pw_name) }.to_owned();
-    Some((name, pwd.pw_gid))
+    Some((name, pwd.pw_uid, pwd.pw_gid))
+}
+
+/// The user's name and primary group.
+fn user_name(uid: u32) -> Option<(CString, u32)> {
+    // SAFETY: getpwuid_r writes into the entry and the buffer (of the length given).
+    passwd_entry(|pwd, buf, len, out| unsafe { libc::getpwuid_r(uid, pwd, buf, len, out) })
+        .map(|(name, _, gid)| (name, gid))
 }
 
 /// The groups of user `name` whose primary group is `gid`.
@@ -392,20 +416,9 @@ fn group_list(name: &CStr, gid: u32) -> Vec<u32> {
 
 fn uid_of(name: &str) -> Option<u32> {
     let c = CString::new(name).ok()?;
-    let mut buf = vec![0u8; 16384];
-    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut out = std::ptr::null_mut();
-    // SAFETY: as in user_name.
-    let rc = unsafe {
-        libc::getpwnam_r(
-            c.as_ptr(),
-            &mut pwd,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut out,
-        )
-    };
-    (rc == 0 && !out.is_null()).then_some(pwd.pw_uid)
+    // SAFETY: getpwnam_r reads the NUL-terminated name, writes into the entry and the buffer.
+    passwd_entry(|pwd, buf, len, out| unsafe { libc::getpwnam_r(c.as_ptr(), pwd, buf, len, out) })
+        .map(|(_, uid, _)| uid)
 }
 
 fn gid_of(name: &str) -> Option<u32> {

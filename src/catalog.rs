@@ -275,18 +275,11 @@ pub struct Changes {
 }
 
 impl Catalog {
-    /// Opens every dataset. One that fails to open (a missing or truncated file, a field of
-    /// a type larder does not serve) is logged and left out, with why, and the others served:
-    /// one bad entry does not take the daemon from everyone.
-    pub fn open(configs: &[DatasetConfig], limits: Limits) -> Catalog {
-        let catalog = Catalog::default();
-        catalog.reconcile(configs, limits);
-        catalog
-    }
-
     /// Brings the datasets served in line with `configs` (blocking: it opens files): opens the
     /// new ones and those that failed before, reopens those whose table changed or whose files
-    /// changed under the daemon, and stops serving those no longer listed.
+    /// changed under the daemon, and stops serving those no longer listed. One that fails to
+    /// open (a missing or truncated file, a field of a type larder does not serve) is logged
+    /// and left out, with why: one bad entry does not take the daemon from everyone.
     pub fn reconcile(&self, configs: &[DatasetConfig], limits: Limits) -> Changes {
         let mut changes = Changes::default();
         let wanted: BTreeMap<&str, &DatasetConfig> =
@@ -427,20 +420,6 @@ impl Catalog {
     /// Why dataset `name` of the config is not served, if it did not open.
     pub fn failed(&self, name: &str) -> Option<String> {
         self.read().failed.get(name).map(|f| f.why.clone())
-    }
-
-    /// Serves `dataset` (made by hand, not from a config: tests, benches).
-    pub fn add(&self, mut dataset: Dataset) -> Arc<Dataset> {
-        dataset.id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let ds = Arc::new(dataset);
-        self.write().served.insert(
-            ds.name.clone(),
-            Served {
-                dataset: ds.clone(),
-                config: String::new(),
-            },
-        );
-        ds
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<Dataset>> {

@@ -3,11 +3,13 @@
 //! Needs root (it adds users and groups): ignored by a plain `cargo test`, run by
 //! scripts/test as root, as CI is.
 
+mod common;
+
 use larder::synthetic::make_dataset;
 use std::os::unix::fs::{chown, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 /// Users and a group made for the test, removed when dropped.
@@ -148,19 +150,7 @@ fn each_user_reads_through_larder_only_what_they_could_read_themselves() {
         ),
     )
     .unwrap();
-    let _daemon = Larderd(
-        Command::new(env!("CARGO_BIN_EXE_larderd"))
-            .arg("--config")
-            .arg(&config)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let started = Instant::now();
-    while !socket.exists() {
-        assert!(started.elapsed() < Duration::from_secs(20), "no socket");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let _daemon = Larderd(common::spawn_larderd(&config, &socket));
 
     // larderd listens first and opens its datasets after: wait until root sees all four.
     let started = Instant::now();

@@ -1,8 +1,10 @@
 //! The installed programs: larderd started from a TOML config on a Unix socket, the larder CLI
 //! talking to it, a clean exit on SIGTERM, and a clear failure on a bad config.
 
+mod common;
+
 use larder::synthetic::make_dataset;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn larder(addr: &str, args: &[&str]) -> String {
@@ -34,20 +36,8 @@ fn larderd_serves_the_cli_over_a_unix_socket_and_stops_on_sigterm() {
         ),
     )
     .unwrap();
-    let mut daemon = Command::new(env!("CARGO_BIN_EXE_larderd"))
-        .arg("--config")
-        .arg(&config)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut daemon = common::spawn_larderd(&config, &socket);
     let started = Instant::now();
-    while !socket.exists() {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "larderd did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let addr = format!("unix:{}", socket.display());
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;

@@ -8,7 +8,7 @@ use larder::client::{collect_batches, connect, Client};
 use larder::proto::StreamBatchesRequest;
 use larder::synthetic::make_dataset;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 use tonic::Code;
 
@@ -53,18 +53,8 @@ fn write_config(dir: &Path, names: &[&str]) {
 }
 
 fn start(dir: &Path) -> Larderd {
-    let child = Command::new(env!("CARGO_BIN_EXE_larderd"))
-        .arg("--config")
-        .arg(dir.join("larder.toml"))
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
     let socket = dir.join("larder.sock");
-    let started = Instant::now();
-    while !socket.exists() {
-        assert!(started.elapsed() < Duration::from_secs(20), "no socket");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let child = common::spawn_larderd(&dir.join("larder.toml"), &socket);
     Larderd { child, socket }
 }
 

@@ -444,12 +444,8 @@ impl Larder for Service {
         &self,
         request: Request<StreamBatchesRequest>,
     ) -> Result<Response<BatchStream>, Status> {
-        let peer = request
-            .extensions()
-            .get::<tonic::transport::server::UdsConnectInfo>()
-            .and_then(|i| i.peer_cred)
-            .map(Peer::from);
         let who = Caller::of(&request);
+        let peer = who.peer();
         let req = request.into_inner();
         let ds = self.admitted(&req.dataset, &who).await?;
         let (ds, plan, sel) = self.plan(ds, &req)?;

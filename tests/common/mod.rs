@@ -48,3 +48,23 @@ pub fn check_epoch(batches: &[Batch], n: u64) {
     ids.sort_unstable();
     assert_eq!(ids, (0..n).collect::<Vec<_>>());
 }
+
+/// larderd, the installed program, started on `config` (its log dropped); returns once it has
+/// made its Unix socket `socket` (at most 20 s).
+pub fn spawn_larderd(config: &std::path::Path, socket: &std::path::Path) -> std::process::Child {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_larderd"))
+        .arg("--config")
+        .arg(config)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !socket.exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "larderd did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child
+}
