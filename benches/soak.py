@@ -2,7 +2,7 @@
 and threads sampled every few seconds, every completed epoch checked for exactly once.
 
     PYTHONPATH=python .venv/bin/python benches/soak.py [--larderd target/release/larderd]
-        [--minutes 10] [--sample-seconds 5] [--dir DIR]
+        [--minutes 10] [--sample-seconds 2] [--dir DIR]
 
 It writes four datasets under --dir (default: a temporary folder; about 20 s):
   - h5: HDF5, 5,000 uint8 images 3x64x64 (contiguous) and int64 labels, a [dataset.train]
@@ -15,7 +15,8 @@ It writes four datasets under --dir (default: a temporary folder; about 20 s):
 and starts larderd (--larderd) on a Unix socket with a memory tier of 18 MB, smaller than the
 data, and a scratch folder beside the data. Clients, each an OS process of its own (this file
 with --client KIND), loop until the deadline, each stream with a batch size of its own drawn
-from 1..512, its own seed and epoch:
+from 1..512 (in turn from each of 8 strata), its own seed and epoch, its dataset and pipeline
+dealt from a shuffled deck of the client's mix (so every minute sees the same mix):
   - shm (2 processes): whole epochs through shared-memory rings, h5/h5gz/pics, eval or train;
   - bytes: whole epochs in the gRPC messages, h5/h5gz/pics, eval or train;
   - clips: whole epochs of the variable-length clips (the message path), the padded and the
@@ -230,25 +231,37 @@ def client_main(args) -> int:
     deadline = args.deadline
     client = larder.Client(address)
     stream_no = 0
+    # Each choice is dealt from a shuffled deck, dealt again once used up: every client goes
+    # through all of its mix every few streams, so each window of the run sees the same mix
+    # (independent draws made one minute's mix differ from the next's by about as much as the
+    # flatness target, whatever the daemon did).
+    decks = {}
+
+    def deal(name: str, cards: list):
+        deck = decks.setdefault(name, [])
+        if not deck:
+            deck.extend(rng.permutation(len(cards)).tolist())
+        return cards[deck.pop()]
+
+    strata = [(lo, lo + 64) for lo in range(1, 513, 64)]  # batch sizes 1..512 in 8 strata
     try:
         while time.time() < deadline:
             stream_no += 1
             # Each stream its own seed and epoch: no two streams of the run ask for one order.
             seed, epoch = args.seed * 1000 + stream_no, stream_no
-            batch = int(rng.integers(1, 513))
+            lo, hi = deal("batch", strata)
+            batch = int(rng.integers(lo, hi))
             pipeline, layout = "eval", "padded"
             if kind in ("shm", "bytes", "victim"):
-                dataset = str(rng.choice(["h5", "h5gz", "pics"]))
-                pipeline = str(rng.choice(["eval", "train"]))
+                dataset, pipeline = deal("what", [(d, p) for d in ("h5", "h5gz", "pics") for p in ("eval", "train")])
                 transport = kind if kind != "victim" else str(rng.choice(["shm", "bytes"]))
             elif kind == "clips":
                 dataset, transport = "clips", "bytes"
                 layout = "offsets" if stream_no % 2 else "padded"
             else:  # cancel
-                dataset = str(rng.choice(["h5", "h5gz", "pics", "clips"]))
-                transport = str(rng.choice(["auto", "bytes"] if dataset == "clips" else ["auto", "shm", "bytes"]))
-                if dataset != "clips":
-                    pipeline = str(rng.choice(["eval", "train"]))
+                dataset, transport, pipeline = deal("what", [
+                    (d, t, p) for d in ("h5", "h5gz", "pics") for t in ("auto", "shm", "bytes") for p in ("eval", "train")
+                ] + [("clips", t, "eval") for t in ("auto", "bytes")])
             what = dict(kind=kind, dataset=dataset, transport=transport, batch=batch,
                         pipeline=pipeline, layout=layout, seed=seed, epoch=epoch)
             started = time.monotonic()
@@ -392,7 +405,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--larderd", default=os.environ.get("LARDERD_BIN", "target/release/larderd"))
     p.add_argument("--minutes", type=float, default=10)
-    p.add_argument("--sample-seconds", type=float, default=5)
+    p.add_argument("--sample-seconds", type=float, default=2)
     p.add_argument("--dir", help="where the data, config, scratch and logs go (default: a temporary folder)")
     p.add_argument("--client", help=argparse.SUPPRESS)
     p.add_argument("--socket", help=argparse.SUPPRESS)

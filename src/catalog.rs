@@ -32,6 +32,9 @@ pub struct Dataset {
     pub limits: Limits,
     /// Who may have it besides those who can read its files (see `access`).
     pub guard: Guard,
+    /// The user who added it (`larder add`), whose rights its files are read with; None for
+    /// the config's datasets.
+    pub owner: Option<u32>,
     /// Samples that failed to read or decode (skipped), by index: why, the file named.
     bad: Mutex<BTreeMap<u64, String>>,
 }
@@ -66,6 +69,7 @@ impl Dataset {
                 allow: vec![],
                 tcp: false,
             },
+            owner: None,
             bad: Mutex::new(BTreeMap::new()),
         }
     }
@@ -224,6 +228,10 @@ impl Dataset {
             fields,
             has_train_pipeline: self.train.is_some(),
             bad_samples: self.bad_count(),
+            owner: self
+                .owner
+                .map(|uid| crate::access::name_of_user(uid).unwrap_or_else(|| uid.to_string()))
+                .unwrap_or_default(),
         }
     }
 }
@@ -460,15 +468,16 @@ fn open_dataset(id: u32, c: &DatasetConfig, limits: Limits) -> Result<Dataset> {
     let mut dataset = Dataset::new(id, &c.name, opened.source, opened.preprocess, opened.schema);
     dataset.on_error = c.on_error;
     dataset.limits = limits;
-    dataset.guard = Guard {
-        allow: c
-            .allow
-            .iter()
-            .map(|g| Grant::parse(g))
-            .collect::<Result<_, _>>()
-            .map_err(|e| anyhow::anyhow!("allow: {e}"))?,
-        tcp: c.tcp,
-    };
+    let mut allow: Vec<Grant> = c
+        .allow
+        .iter()
+        .map(|g| Grant::parse(g))
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("allow: {e}"))?;
+    // A dataset a user added is theirs; `allow` is whom else they share it with.
+    allow.extend(c.owner.map(Grant::User));
+    dataset.guard = Guard { allow, tcp: c.tcp };
+    dataset.owner = c.owner;
     let (eval, train) = pipelines(c, &dataset.schema)?;
     dataset.with_pipelines(eval, train)
 }

@@ -38,6 +38,11 @@ pub struct Config {
     /// Largest batch a client may ask for.
     #[serde(default = "default_max_batch_size")]
     pub max_batch_size: u32,
+    /// Where the daemon keeps what must outlive it: the datasets users added. Default:
+    /// systemd's `$STATE_DIRECTORY` (the unit's StateDirectory); without either, added
+    /// datasets last until the daemon stops.
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
     #[serde(default, rename = "dataset")]
     pub datasets: Vec<DatasetConfig>,
 }
@@ -129,6 +134,9 @@ pub struct Limits {
     /// 256 MiB.
     #[serde(default = "default_max_batch_bytes")]
     pub max_batch_bytes: u64,
+    /// Most datasets one user may add (`larder add`). Default 32.
+    #[serde(default = "default_max_datasets_per_user")]
+    pub max_datasets_per_user: u32,
 }
 
 impl Default for Limits {
@@ -137,6 +145,7 @@ impl Default for Limits {
             max_image_pixels: default_max_image_pixels(),
             max_sample_bytes: default_max_sample_bytes(),
             max_batch_bytes: default_max_batch_bytes(),
+            max_datasets_per_user: default_max_datasets_per_user(),
         }
     }
 }
@@ -147,6 +156,10 @@ fn default_max_image_pixels() -> u64 {
 
 fn default_max_sample_bytes() -> u64 {
     64 << 20
+}
+
+fn default_max_datasets_per_user() -> u32 {
+    32
 }
 
 fn default_max_batch_bytes() -> u64 {
@@ -225,6 +238,57 @@ pub struct DatasetConfig {
     /// Whether TCP clients (which have no identity) may have the dataset. Default false.
     #[serde(default)]
     pub tcp: bool,
+    /// The user who added the dataset (`larder add`), whose rights its files are read with;
+    /// None for the config's datasets, read with the daemon's. Never read from a table.
+    #[serde(skip)]
+    pub owner: Option<u32>,
+}
+
+impl DatasetConfig {
+    /// Checks the table on its own (the config's and `larder add`'s datasets alike).
+    pub fn validate(&self) -> Result<()> {
+        let crop = self.crop_size();
+        if self.kind == SourceKind::Images
+            && self.resize != 0
+            && crop.is_some_and(|c| self.resize < c)
+        {
+            bail!(
+                "dataset {:?}: need crop <= resize (crop = {}, resize = {})",
+                self.name,
+                crop.unwrap_or(0),
+                self.resize
+            );
+        }
+        if self.kind == SourceKind::Hdf5 && (self.max_size.is_some() || self.square) {
+            bail!(
+                "dataset {:?}: max_size and square are for image folders",
+                self.name
+            );
+        }
+        if let Some(t) = &self.train {
+            let [s0, s1] = t.scale;
+            let [r0, r1] = t.ratio;
+            if !(0.0 < s0 && s0 <= s1 && s1 <= 1.0) {
+                bail!("dataset {:?}: train.scale = [{s0}, {s1}] must be within (0, 1], smallest first", self.name);
+            }
+            if !(0.0 < r0 && r0 <= r1 && r1.is_finite()) {
+                bail!(
+                    "dataset {:?}: train.ratio = [{r0}, {r1}] must be positive, smallest first",
+                    self.name
+                );
+            }
+            if t.crop_kind(self.kind) == TrainCrop::RandomResized && crop.is_none() {
+                bail!("dataset {:?}: a random_resized train crop needs `crop` (the size boxes are resized to)", self.name);
+            }
+        }
+        if !self.fields.is_empty() && (self.samples.is_some() || self.labels.is_some()) {
+            bail!(
+                "dataset {:?}: give either `samples`/`labels` or [[dataset.field]] tables, not both",
+                self.name
+            );
+        }
+        Ok(())
+    }
 }
 
 /// The train pipeline of a dataset (see `pipeline::augment`).
@@ -461,6 +525,9 @@ impl Config {
         if config.scratch.dir.is_relative() {
             config.scratch.dir = base.join(&config.scratch.dir);
         }
+        if let Some(d) = config.state_dir.as_mut().filter(|d| d.is_relative()) {
+            *d = base.join(&*d);
+        }
         Ok(config)
     }
 
@@ -513,45 +580,27 @@ impl Config {
             if !names.insert(d.name.as_str()) {
                 bail!("dataset name {:?} is declared twice", d.name);
             }
-            let crop = d.crop_size();
-            if d.kind == SourceKind::Images && d.resize != 0 && crop.is_some_and(|c| d.resize < c) {
+            if d.name.contains('/') {
                 bail!(
-                    "dataset {:?}: need crop <= resize (crop = {}, resize = {})",
-                    d.name,
-                    crop.unwrap_or(0),
-                    d.resize
-                );
-            }
-            if d.kind == SourceKind::Hdf5 && (d.max_size.is_some() || d.square) {
-                bail!(
-                    "dataset {:?}: max_size and square are for image folders",
+                    "dataset name {:?}: a '/' is for datasets users add (USER/NAME)",
                     d.name
                 );
             }
-            if let Some(t) = &d.train {
-                let [s0, s1] = t.scale;
-                let [r0, r1] = t.ratio;
-                if !(0.0 < s0 && s0 <= s1 && s1 <= 1.0) {
-                    bail!("dataset {:?}: train.scale = [{s0}, {s1}] must be within (0, 1], smallest first", d.name);
-                }
-                if !(0.0 < r0 && r0 <= r1 && r1.is_finite()) {
-                    bail!(
-                        "dataset {:?}: train.ratio = [{r0}, {r1}] must be positive, smallest first",
-                        d.name
-                    );
-                }
-                if t.crop_kind(d.kind) == TrainCrop::RandomResized && crop.is_none() {
-                    bail!("dataset {:?}: a random_resized train crop needs `crop` (the size boxes are resized to)", d.name);
-                }
-            }
-            if !d.fields.is_empty() && (d.samples.is_some() || d.labels.is_some()) {
-                bail!(
-                    "dataset {:?}: give either `samples`/`labels` or [[dataset.field]] tables, not both",
-                    d.name
-                );
-            }
+            d.validate()?;
         }
         Ok(())
+    }
+
+    /// Where the daemon keeps its state: `state_dir`, else systemd's `$STATE_DIRECTORY`;
+    /// None: the datasets users add last until the daemon stops.
+    pub fn state_dir(&self) -> Option<PathBuf> {
+        self.state_dir.clone().or_else(|| {
+            // systemd joins several directories with ':'; the unit names one.
+            std::env::var("STATE_DIRECTORY")
+                .ok()
+                .and_then(|d| d.split(':').next().map(PathBuf::from))
+                .filter(|d| d.is_absolute())
+        })
     }
 
     /// The memory tier's byte budget on a machine with `total_memory` bytes.

@@ -19,6 +19,8 @@ pub enum Kind {
     Precondition,
     /// The dataset has no scratch tier to warm (FAILED_PRECONDITION).
     NoScratch,
+    /// A dataset of that name exists already (ALREADY_EXISTS).
+    Exists,
     /// Not this client's to use (PERMISSION_DENIED).
     Denied,
     /// A budget is spent: shared memory, the scratch disk (RESOURCE_EXHAUSTED).
@@ -45,6 +47,7 @@ impl Kind {
             Kind::BadRequest => Code::InvalidArgument,
             Kind::Precondition | Kind::NoScratch | Kind::Changed => Code::FailedPrecondition,
             Kind::Denied => Code::PermissionDenied,
+            Kind::Exists => Code::AlreadyExists,
             Kind::Exhausted => Code::ResourceExhausted,
             Kind::SourceIo => Code::DataLoss,
             Kind::ShuttingDown | Kind::Opening => Code::Unavailable,

@@ -274,3 +274,390 @@ fn check_cost() {
         );
     }
 }
+
+/// Makes `dir` (and its parents) owned by `uid` with `mode`.
+fn own_dir(dir: &Path, uid: u32, mode: u32) {
+    std::fs::create_dir_all(dir).unwrap();
+    chown(dir, Some(uid), None).unwrap();
+    set_mode(dir, mode);
+}
+
+/// A user's file: `bytes` written to `path`, owned by `uid` with `mode`.
+fn own_file(path: &Path, uid: u32, mode: u32) {
+    chown(path, Some(uid), None).unwrap();
+    set_mode(path, mode);
+}
+
+/// Each thread's file-system uid and gid (the 4th field of Uid: and Gid: in its status).
+fn thread_fs_ids(pid: u32) -> Vec<(u32, u32)> {
+    let mut ids = vec![];
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let status = std::fs::read_to_string(t.unwrap().path().join("status")).unwrap_or_default();
+        let field = |key: &str| -> Option<u32> {
+            let line = status.lines().find(|l| l.starts_with(key))?;
+            line.split_whitespace().nth(4)?.parse().ok()
+        };
+        if let (Some(u), Some(g)) = (field("Uid:"), field("Gid:")) {
+            ids.push((u, g));
+        }
+    }
+    ids
+}
+
+/// The JPEG fixture in `dir` as `name`, owned by `uid` with `mode`.
+fn jpeg(dir: &Path, name: &str, uid: u32, mode: u32) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parrots.jpg"),
+        &p,
+    )
+    .unwrap();
+    own_file(&p, uid, mode);
+    p
+}
+
+/// Waits until `larder datasets` as `uid` lists `name` (the daemon opens datasets after it
+/// listens).
+fn wait_listed(uid: u32, socket: &Path, name: &str) {
+    let started = Instant::now();
+    loop {
+        let all = text(&larder_as(uid, socket, &["datasets"]));
+        if all.contains(name) {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "{all}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+#[ignore = "adds users and groups: needs root (scripts/test runs it as root)"]
+fn users_add_their_own_datasets_read_with_their_own_rights() {
+    assert_eq!(unsafe { libc::geteuid() }, 0, "run as root");
+    let users = Users::make();
+    let (alice, bob) = (users.uid(0), users.uid(1));
+    let (an, bn) = (users.names[0].clone(), users.names[1].clone());
+    // The daemon's own user, as the unit makes it.
+    let daemon_user = format!("{}d", users.names[0]);
+    run(
+        "useradd",
+        &[
+            "-M",
+            "-N",
+            "-g",
+            "nogroup",
+            "-s",
+            "/usr/sbin/nologin",
+            &daemon_user,
+        ],
+    );
+    struct Gone(String);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = Command::new("userdel").arg(&self.0).status();
+        }
+    }
+    let _gone = Gone(daemon_user.clone());
+    let larder = id("-u", &daemon_user);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    set_mode(root, 0o755);
+    // Alice's HDF5 file, 0600 in her 0700 home; bob's home 0700.
+    let ahome = root.join("alice");
+    own_dir(&ahome, alice, 0o700);
+    let own = ahome.join("own.h5");
+    make_dataset(&own, 40, &[2, 4, 4]).unwrap();
+    own_file(&own, alice, 0o600);
+    let bhome = root.join("bob");
+    own_dir(&bhome, bob, 0o700);
+    // A file both may read, in a shared folder.
+    let shared = root.join("shared.h5");
+    make_dataset(&shared, 30, &[2, 4, 4]).unwrap();
+    set_mode(&shared, 0o644);
+
+    // The daemon runs as its own user with only CAP_SETUID and CAP_SETGID, as under the unit.
+    let run_dir = root.join("run");
+    own_dir(&run_dir, larder, 0o755);
+    let (socket, state) = (run_dir.join("larder.sock"), root.join("state"));
+    own_dir(&state, larder, 0o700);
+    own_dir(&root.join("scratch"), larder, 0o700);
+    let config = root.join("larder.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "unix_socket = {socket:?}\nunix_socket_mode = 0o666\nstate_dir = {state:?}\n\
+             [scratch]\ndir = {:?}\n",
+            root.join("scratch")
+        ),
+    )
+    .unwrap();
+    set_mode(&config, 0o644);
+    let start = || {
+        let child = Command::new("setpriv")
+            .args([
+                &format!("--reuid={larder}"),
+                &format!("--regid={}", id("-g", "nobody")),
+                "--clear-groups",
+                "--inh-caps=+setuid,+setgid",
+                "--ambient-caps=+setuid,+setgid",
+                "--",
+                env!("CARGO_BIN_EXE_larderd"),
+                "--config",
+            ])
+            .arg(&config)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        while !socket.exists() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "larderd did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Larderd(child)
+    };
+    let mut daemon = start();
+    let ok = |o: Output| {
+        assert!(o.status.success(), "{}", text(&o));
+        text(&o)
+    };
+    let fails = |o: Output, want: &str| {
+        let t = text(&o);
+        assert!(!o.status.success() && t.contains(want), "{t}");
+    };
+    let own_s = own.to_str().unwrap();
+    let mine = format!("{an}/own");
+
+    // Alice adds her 0600 file: the daemon (user larder) reads it as her.
+    let added = ok(larder_as(
+        alice,
+        &socket,
+        &["add", "own", own_s, "--labels", "labels"],
+    ));
+    assert!(
+        added.contains(&mine) && added.contains("40 samples"),
+        "{added}"
+    );
+    ok(larder_as(
+        alice,
+        &socket,
+        &["bench", &mine, "--epochs", "1"],
+    ));
+    let listed = ok(larder_as(alice, &socket, &["datasets"]));
+    assert!(listed.contains(&mine) && listed.contains(&an), "{listed}");
+    // Bob can neither see, stream, replace nor remove it; his own "own" is bob/own.
+    assert!(!ok(larder_as(bob, &socket, &["datasets"])).contains(&mine));
+    fails(
+        larder_as(bob, &socket, &["bench", &mine, "--epochs", "1"]),
+        &mine,
+    );
+    fails(
+        larder_as(bob, &socket, &["rm", &mine]),
+        "belongs to another user",
+    );
+    fails(
+        larder_as(bob, &socket, &["add", "own", own_s, "--labels", "labels"]),
+        "Permission denied",
+    );
+    // A file bob cannot read is refused to him at add.
+    assert!(!ok(larder_as(bob, &socket, &["datasets"])).contains(&format!("{bn}/own")));
+    // Alice shares it with bob's group: now he streams it.
+    ok(larder_as(
+        alice,
+        &socket,
+        &[
+            "add",
+            "own",
+            own_s,
+            "--labels",
+            "labels",
+            "--replace",
+            "--allow",
+            &format!("group:{}", users.group),
+        ],
+    ));
+    ok(larder_as(bob, &socket, &["bench", &mine, "--epochs", "1"]));
+    // The same file added by both users: each has their own name, both stream it.
+    let shared_s = shared.to_str().unwrap();
+    ok(larder_as(
+        alice,
+        &socket,
+        &["add", "shared", shared_s, "--labels", "labels"],
+    ));
+    ok(larder_as(
+        bob,
+        &socket,
+        &["add", "shared", shared_s, "--labels", "labels"],
+    ));
+    for (uid, name) in [(alice, &an), (bob, &bn)] {
+        ok(larder_as(
+            uid,
+            &socket,
+            &["bench", &format!("{name}/shared"), "--epochs", "1"],
+        ));
+    }
+    // Both users at once: no worker thread keeps a user's identity afterwards.
+    let threads: Vec<_> = [
+        (alice, format!("{an}/shared")),
+        (bob, format!("{bn}/shared")),
+        (alice, mine.clone()),
+        (bob, mine.clone()),
+    ]
+    .into_iter()
+    .map(|(uid, name)| {
+        let socket = socket.clone();
+        std::thread::spawn(move || {
+            for _ in 0..3 {
+                let o = larder_as(uid, &socket, &["bench", &name, "--epochs", "1"]);
+                assert!(o.status.success(), "{}", text(&o));
+            }
+        })
+    })
+    .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let nobody_gid = id("-g", "nobody");
+    for ids in thread_fs_ids(daemon.0.id()) {
+        assert_eq!(
+            ids,
+            (larder, nobody_gid),
+            "a thread left with another identity"
+        );
+    }
+
+    // Added datasets outlive the daemon.
+    drop(daemon);
+    std::fs::remove_file(&socket).ok();
+    daemon = start();
+    wait_listed(alice, &socket, &mine);
+    ok(larder_as(
+        alice,
+        &socket,
+        &["bench", &mine, "--epochs", "1"],
+    ));
+    // Removed: no new streams, and gone after a restart too.
+    ok(larder_as(alice, &socket, &["rm", &mine]));
+    fails(
+        larder_as(alice, &socket, &["bench", &mine, "--epochs", "1"]),
+        &mine,
+    );
+    drop(daemon);
+    std::fs::remove_file(&socket).ok();
+    let _daemon = start();
+    wait_listed(bob, &socket, &format!("{bn}/shared"));
+    assert!(!ok(larder_as(alice, &socket, &["datasets"])).contains(&mine));
+}
+
+#[test]
+#[ignore = "adds users and groups: needs root (scripts/test runs it as root)"]
+fn symlinks_in_a_users_dataset_serve_no_byte_they_could_not_read() {
+    assert_eq!(unsafe { libc::geteuid() }, 0, "run as root");
+    let users = Users::make();
+    let (alice, bob) = (users.uid(0), users.uid(1));
+    let an = users.names[0].clone();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    set_mode(root, 0o755);
+    // Bob's home (0700): a 0600 JPEG, and a 0644 HDF5 file he adds (the daemon holds it open).
+    let bhome = root.join("bob");
+    own_dir(&bhome, bob, 0o700);
+    let secret = jpeg(&bhome, "secret.jpg", bob, 0o600);
+    jpeg(&bhome, "open.jpg", bob, 0o644);
+    let bobs = bhome.join("b.h5");
+    make_dataset(&bobs, 20, &[2, 4, 4]).unwrap();
+    own_file(&bobs, bob, 0o644);
+    // Root's own 0600 JPEG.
+    let roots = jpeg(root, "root-only.jpg", 0, 0o600);
+    // Alice's image folder: two good images, and links to everything above.
+    let pics = root.join("alice").join("pics");
+    own_dir(&root.join("alice"), alice, 0o700);
+    own_dir(&pics, alice, 0o700);
+    let class = pics.join("c");
+    own_dir(&class, alice, 0o700);
+    jpeg(&class, "good1.jpg", alice, 0o600);
+    jpeg(&class, "good2.jpg", alice, 0o600);
+    let link = |name: &str, to: &str| {
+        let p = class.join(name);
+        std::os::unix::fs::symlink(to, &p).unwrap();
+        std::os::unix::fs::lchown(&p, Some(alice), None).unwrap();
+    };
+    link("abs.jpg", secret.to_str().unwrap());
+    link("up.jpg", "../../../bob/secret.jpg");
+    link("open.jpg", "../../../bob/open.jpg"); // through bob's 0700 home
+    link("root.jpg", roots.to_str().unwrap());
+    for fd in 3..48 {
+        link(&format!("fd{fd:02}.jpg"), &format!("/proc/self/fd/{fd}"));
+    }
+
+    // A daemon as root: the strongest case (its own rights read anything).
+    let socket = root.join("larder.sock");
+    let config = root.join("larder.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "unix_socket = {socket:?}\nunix_socket_mode = 0o666\nstate_dir = {:?}\n[scratch]\ndir = {:?}\n",
+            root.join("state"),
+            root.join("scratch")
+        ),
+    )
+    .unwrap();
+    let _daemon = Larderd(common::spawn_larderd(&config, &socket));
+    let o = larder_as(
+        bob,
+        &socket,
+        &["add", "b", bobs.to_str().unwrap(), "--labels", "labels"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = larder_as(
+        alice,
+        &socket,
+        &[
+            "add",
+            "pics",
+            pics.to_str().unwrap(),
+            "--resize",
+            "64",
+            "--crop",
+            "32",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let name = format!("{an}/pics");
+    let o = larder_as(
+        alice,
+        &socket,
+        &[
+            "bench",
+            &name,
+            "--epochs",
+            "1",
+            "--batch-size",
+            "8",
+            "--clients",
+            "1",
+        ],
+    );
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    // Every link is a bad sample that was never read: refused at open (permission, or a magic
+    // link), not a file that failed to decode.
+    let bad = text(&larder_as(alice, &socket, &["bad", &name]));
+    let lines: Vec<&str> = bad.lines().filter(|l| l.starts_with("bad:")).collect();
+    // (Links whose target alice cannot even look at are no sample at all: the folder is
+    // walked as her.)
+    assert!(lines.iter().any(|l| l.contains("root.jpg")), "{bad}");
+    for l in &lines {
+        assert!(!l.contains("good"), "{l}");
+        assert!(
+            l.contains("Permission denied")
+                || l.contains("Too many levels of symbolic links")
+                || l.contains("No such file"),
+            "read rather than refused: {l}"
+        );
+    }
+    // The epoch served exactly the two good images.
+    assert!(out.contains("epoch 0: 2 samples ("), "{out}\n{bad}");
+}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -258,6 +259,23 @@ class Client:
 
     def stats(self) -> "pb.Stats":
         return self._call(self._stub.GetStats, pb.GetStatsRequest())
+
+    def add_dataset(self, name: str, path, *, replace: bool = False, **table) -> "pb.DatasetInfo":
+        """Adds a dataset of your own, named ``USER/NAME`` and kept across daemon restarts,
+        whose files the daemon reads with your rights (Unix socket only). `table` holds the
+        keys of the config's ``[[dataset]]`` table: ``kind`` ("hdf5" or "images"; default by
+        what `path` is), ``samples``, ``labels``, ``resize``, ``crop``, ``train`` (a dict, {}
+        for the defaults), ``allow``, ``field`` (a list of dicts)... Returns the dataset as
+        :meth:`datasets` lists it; raises :class:`LarderError` with why when it does not
+        open."""
+        path = os.path.abspath(os.fspath(path))
+        table.setdefault("kind", "images" if os.path.isdir(path) else "hdf5")
+        request = pb.AddDatasetRequest(name=name, table=_toml({"path": path, **table}), replace=replace)
+        return self._call(self._stub.AddDataset, request).dataset
+
+    def remove_dataset(self, name: str) -> None:
+        """Removes a dataset you added (``USER/NAME``); open streams finish."""
+        self._call(self._stub.RemoveDataset, pb.RemoveDatasetRequest(name=name))
 
     def warm(self, dataset: str) -> Iterator["pb.WarmProgress"]:
         """Preprocesses `dataset` into the daemon's scratch tier, yielding progress."""
@@ -519,6 +537,25 @@ def _request(
         layout_version=1,
         pipeline=pipeline,
     )
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (str, os.PathLike)):
+        return json.dumps(os.fspath(v))  # a JSON string is a TOML basic string
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(f"{v!r} is not a value of a dataset's table")
+
+
+def _toml(table: dict) -> str:
+    """`table` as TOML (inline tables for nested ones: the daemon parses any TOML)."""
+    return "".join(f"{json.dumps(k)} = {_toml_value(v)}\n" for k, v in table.items())
 
 
 def _unix_path(address: str) -> Optional[str]:

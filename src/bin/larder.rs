@@ -3,7 +3,11 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use larder::client::connect;
-use larder::proto::{GetStatsRequest, ListBadSamplesRequest, ListDatasetsRequest, WarmRequest};
+use larder::proto::{
+    AddDatasetRequest, GetStatsRequest, ListBadSamplesRequest, ListDatasetsRequest,
+    RemoveDatasetRequest, WarmRequest,
+};
+use std::path::PathBuf;
 
 #[derive(Parser)]
 #[command(version, about = "larder command-line client")]
@@ -22,8 +26,14 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Command {
-    /// List the datasets the daemon serves.
+    /// List the datasets you may read (with who added them), and those not served now that
+    /// are yours to know about (all of them for root and the daemon's user).
     Datasets,
+    /// Add a dataset of your own, named USER/NAME, kept across daemon restarts; the daemon
+    /// reads its files with your rights (only what you can read yourself).
+    Add(AddArgs),
+    /// Remove a dataset you added (by its full name, USER/NAME).
+    Rm { name: String },
     /// Show per-tier hits, bytes, memory use and client stall time.
     Stats,
     /// List the samples skipped because their files do not read or decode, with why.
@@ -68,6 +78,89 @@ enum Command {
     },
 }
 
+#[derive(clap::Args)]
+struct AddArgs {
+    /// NAME: the dataset becomes USER/NAME (letters, digits, '.', '_', '-').
+    name: String,
+    /// The HDF5 file, or the image folder (class subfolders of JPEG/PNG files).
+    path: PathBuf,
+    /// "hdf5" or "images" (default: images for a folder, hdf5 for a file).
+    #[arg(long)]
+    kind: Option<String>,
+    /// HDF5: the dataset served as field "image" (default "images").
+    #[arg(long)]
+    samples: Option<String>,
+    /// HDF5: an integer dataset [N] served as field "label".
+    #[arg(long)]
+    labels: Option<String>,
+    /// Images: keep them with the shorter side resized to this (default 256).
+    #[arg(long)]
+    resize: Option<u32>,
+    /// Batches carry crop x crop pixels (images: default 224; 0: whole images).
+    #[arg(long)]
+    crop: Option<u32>,
+    /// Add the train pipeline: random-resized crops and flips (images), random crops and flips
+    /// (HDF5; --padding adds zeros around first).
+    #[arg(long)]
+    train: bool,
+    #[arg(long, requires = "train")]
+    padding: Option<u32>,
+    /// Whom else to let read it through larder: "all", "user:NAME", "group:NAME" (repeat).
+    #[arg(long)]
+    allow: Vec<String>,
+    /// Any other key of the config's [[dataset]] table, as TOML: --set 'on_error = "fail"'.
+    #[arg(long)]
+    set: Vec<String>,
+    /// Replace your dataset of that name.
+    #[arg(long)]
+    replace: bool,
+}
+
+impl AddArgs {
+    /// The dataset's table, as the config's [[dataset]] tables are written.
+    fn table(&self) -> Result<String> {
+        use toml::Value;
+        let path = std::path::absolute(&self.path)?;
+        let mut t = toml::Table::new();
+        let kind = self
+            .kind
+            .clone()
+            .unwrap_or_else(|| if path.is_dir() { "images" } else { "hdf5" }.to_string());
+        t.insert(
+            "path".into(),
+            Value::String(path.to_string_lossy().into_owned()),
+        );
+        t.insert("kind".into(), Value::String(kind));
+        for (key, v) in [("samples", &self.samples), ("labels", &self.labels)] {
+            if let Some(v) = v {
+                t.insert(key.into(), Value::String(v.clone()));
+            }
+        }
+        for (key, v) in [("resize", self.resize), ("crop", self.crop)] {
+            if let Some(v) = v {
+                t.insert(key.into(), Value::Integer(v.into()));
+            }
+        }
+        if !self.allow.is_empty() {
+            let allow = self.allow.iter().map(|a| Value::String(a.clone()));
+            t.insert("allow".into(), Value::Array(allow.collect()));
+        }
+        if self.train {
+            let mut train = toml::Table::new();
+            if let Some(p) = self.padding {
+                train.insert("padding".into(), Value::Integer(p.into()));
+            }
+            t.insert("train".into(), Value::Table(train));
+        }
+        for s in &self.set {
+            let more: toml::Table =
+                toml::from_str(s).map_err(|e| anyhow::anyhow!("--set {s:?} is not TOML: {e}"))?;
+            t.extend(more);
+        }
+        Ok(toml::to_string(&t)?)
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     larder::init_logging("warn");
@@ -79,19 +172,54 @@ async fn main() -> Result<()> {
                 .list_datasets(ListDatasetsRequest {})
                 .await?
                 .into_inner();
-            println!("{:<20} {:>10}  fields; source", "name", "samples");
+            println!(
+                "{:<24} {:<10} {:>10}  fields; source",
+                "name", "owner", "samples"
+            );
             for d in list.datasets {
+                let owner = if d.owner.is_empty() { "-" } else { &d.owner };
                 println!(
-                    "{:<20} {:>10}  {}; {}",
+                    "{:<24} {:<10} {:>10}  {}; {}",
                     d.name,
+                    owner,
                     d.num_samples,
                     larder::demo::describe_fields(&d.fields),
                     d.source
                 );
             }
             for u in list.unavailable {
-                println!("{:<20} {:>10}  unavailable: {}", u.name, "-", u.reason);
+                println!(
+                    "{:<24} {:<10} {:>10}  unavailable: {}",
+                    u.name, "", "-", u.reason
+                );
             }
+        }
+        Command::Add(add) => {
+            let mut client = connect(&args.addr).await?;
+            let ds = client
+                .add_dataset(AddDatasetRequest {
+                    name: add.name.clone(),
+                    table: add.table()?,
+                    replace: add.replace,
+                })
+                .await?
+                .into_inner()
+                .dataset
+                .unwrap_or_default();
+            println!(
+                "added {}: {} samples, {}; {}",
+                ds.name,
+                ds.num_samples,
+                larder::demo::describe_fields(&ds.fields),
+                ds.source
+            );
+        }
+        Command::Rm { name } => {
+            let mut client = connect(&args.addr).await?;
+            client
+                .remove_dataset(RemoveDatasetRequest { name: name.clone() })
+                .await?;
+            println!("removed {name}");
         }
         Command::Stats => {
             let mut client = connect(&args.addr).await?;

@@ -11,6 +11,7 @@ use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::proto::larder_server::LarderServer;
+use crate::registry::Registry;
 use crate::streams::Streams;
 use crate::tiers::memory::{self, MemoryTier};
 use crate::tiers::scratch::ScratchSpace;
@@ -104,14 +105,21 @@ impl Daemon {
             expansion_factor = config.memory.expansion_factor,
             "memory tier budget"
         );
+        let state_dir = config.state_dir();
+        if state_dir.is_none() {
+            tracing::warn!("no state_dir: datasets users add are kept until the daemon stops");
+        }
+        let registry = Arc::new(Registry::load(state_dir.as_deref()));
         let datasets = Datasets::new(
             catalog.clone(),
             store.clone(),
             config.datasets.clone(),
+            registry.clone(),
             config.limits,
             (budget, config.memory.expansion_factor),
         );
         catalog.expect(&config.datasets);
+        catalog.expect(&registry.configs());
         let keeper = tokio::spawn(datasets.clone().keep_current(shutdown.subscribe()));
         let rings = Rings::new(config.shm_budget_bytes(total));
         let service = Service::new(

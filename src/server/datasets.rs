@@ -6,6 +6,8 @@
 use super::shutdown::Shutdown;
 use crate::catalog::{Catalog, Changes, Dataset};
 use crate::config::{DatasetConfig, Limits};
+use crate::error::{quote, Error, Kind};
+use crate::registry::{Entry, Registry};
 use crate::tiers::store::Store;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,6 +23,8 @@ pub struct Datasets {
     store: Arc<Store>,
     /// The `[[dataset]]` tables of the config last loaded.
     configs: Arc<Mutex<Vec<DatasetConfig>>>,
+    /// The datasets users added, served beside the config's.
+    registry: Arc<Registry>,
     limits: Limits,
     /// The memory tier's budget and the expansion factor, for each dataset's capacity plan.
     plan: (u64, f64),
@@ -33,6 +37,7 @@ impl Datasets {
         catalog: Arc<Catalog>,
         store: Arc<Store>,
         configs: Vec<DatasetConfig>,
+        registry: Arc<Registry>,
         limits: Limits,
         plan: (u64, f64),
     ) -> Datasets {
@@ -40,6 +45,7 @@ impl Datasets {
             catalog,
             store,
             configs: Arc::new(Mutex::new(configs)),
+            registry,
             limits,
             plan,
             busy: Default::default(),
@@ -58,14 +64,65 @@ impl Datasets {
         self.reconcile().await;
     }
 
-    /// Brings the catalog in line with the config and the files on disk.
+    /// The datasets users added.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// Adds (or, with `replace`, replaces) a user's dataset and opens it: Err with why when it
+    /// does not open, and then nothing is kept (a replaced one comes back as it was).
+    pub async fn add(&self, entry: Entry, replace: bool) -> Result<Arc<Dataset>, Error> {
+        let name = entry.name.clone();
+        let before = self.registry.get(&name);
+        if before.is_some() && !replace {
+            return Err(Error::new(
+                Kind::Exists,
+                format!(
+                    "dataset {} exists: remove it first (larder rm), or replace it",
+                    quote(&name)
+                ),
+            ));
+        }
+        self.registry
+            .put(entry, self.limits.max_datasets_per_user)?;
+        self.reconcile().await;
+        if let Some(ds) = self.catalog.get(&name) {
+            return Ok(ds);
+        }
+        let why = self
+            .catalog
+            .failed(&name)
+            .unwrap_or_else(|| "it did not open".into());
+        // Back to what was there before the call.
+        match before {
+            Some(old) => self.registry.put(old, u32::MAX)?,
+            None => drop(self.registry.remove(&name, 0, true)),
+        }
+        self.reconcile().await;
+        Err(Error::new(
+            Kind::Precondition,
+            format!("dataset {} does not open: {why}", quote(&name)),
+        ))
+    }
+
+    /// Removes a user's dataset (`by` its owner, or anyone's by an `admin`): open streams
+    /// finish, new ones are refused.
+    pub async fn remove(&self, name: &str, by: u32, admin: bool) -> Result<(), Error> {
+        self.registry.remove(name, by, admin)?;
+        self.reconcile().await;
+        Ok(())
+    }
+
+    /// Brings the catalog in line with the config, the datasets users added and the files on
+    /// disk.
     pub async fn reconcile(&self) {
         let _one = self.busy.lock().await;
-        let configs = self
+        let mut configs = self
             .configs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
+        configs.extend(self.registry.configs());
         let (catalog, limits) = (self.catalog.clone(), self.limits);
         let changes =
             tokio::task::spawn_blocking(move || catalog.reconcile(&configs, limits)).await;

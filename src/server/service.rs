@@ -14,8 +14,9 @@ use crate::config::Config;
 use crate::error::{bad_request, precondition, quote, Error, Kind};
 use crate::proto::larder_server::Larder;
 use crate::proto::{
-    BadSample, Batch, DatasetInfo, GetStatsRequest, ListBadSamplesRequest, ListBadSamplesResponse,
-    ListDatasetsRequest, ListDatasetsResponse, Stats, StreamBatchesRequest, StreamPlan,
+    AddDatasetRequest, AddDatasetResponse, BadSample, Batch, DatasetInfo, GetStatsRequest,
+    ListBadSamplesRequest, ListBadSamplesResponse, ListDatasetsRequest, ListDatasetsResponse,
+    RemoveDatasetRequest, RemoveDatasetResponse, Stats, StreamBatchesRequest, StreamPlan,
     UnavailableDataset, VariableLayout, WarmProgress, WarmRequest,
 };
 use crate::sampler::{Plan, PlanRequest};
@@ -135,6 +136,17 @@ impl Service {
         Ok(ds)
     }
 
+    /// Whether `who` added dataset `name` (`larder add`): they are told why it does not open.
+    fn owns(&self, who: &Caller, name: &str) -> bool {
+        let Caller::Local(id) = who else {
+            return false;
+        };
+        self.datasets
+            .registry()
+            .get(name)
+            .is_some_and(|e| e.owner == id.uid)
+    }
+
     /// The dataset a request names, if `who` may have it: checked afresh, as them.
     async fn admitted(&self, name: &str, who: &Caller) -> Result<Arc<Dataset>, Status> {
         let ds = self.dataset(name, who).await?;
@@ -158,7 +170,7 @@ impl Service {
                 .into();
             }
             if let Some(why) = self.catalog.failed(name) {
-                let why = match who.is_admin() {
+                let why = match who.is_admin() || self.owns(who, name) {
                     true => why,
                     false => "the daemon's log, or `larder datasets` as root, says why".into(),
                 };
@@ -309,16 +321,15 @@ impl Larder for Service {
                 datasets.push(ds.info());
             }
         }
-        // The admin's view: root and the daemon's own user also see what is not served.
-        let unavailable = match who.is_admin() {
-            true => self
-                .catalog
-                .unavailable()
-                .into_iter()
-                .map(|(name, reason)| UnavailableDataset { name, reason })
-                .collect(),
-            false => vec![],
-        };
+        // The admin's view: root and the daemon's own user also see what is not served; a
+        // user sees their own added datasets that are not.
+        let unavailable = self
+            .catalog
+            .unavailable()
+            .into_iter()
+            .filter(|(name, _)| who.is_admin() || self.owns(&who, name))
+            .map(|(name, reason)| UnavailableDataset { name, reason })
+            .collect();
         Ok(Response::new(ListDatasetsResponse {
             datasets,
             unavailable,
@@ -355,6 +366,59 @@ impl Larder for Service {
             })
             .collect();
         Ok(Response::new(ListBadSamplesResponse { samples }))
+    }
+
+    async fn add_dataset(
+        &self,
+        request: Request<AddDatasetRequest>,
+    ) -> Result<Response<AddDatasetResponse>, Status> {
+        let who = Caller::of(&request);
+        let Caller::Local(id) = &who else {
+            return Err(Error::new(
+                Kind::Denied,
+                "datasets are added over the daemon's Unix socket (TCP has no identity)",
+            )
+            .into());
+        };
+        let r = request.into_inner();
+        if !crate::registry::valid_name(&r.name) {
+            return Err(bad_request(format!(
+                "dataset name {}: 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'",
+                quote(&r.name)
+            )));
+        }
+        let user = crate::access::name_of_user(id.uid).unwrap_or_else(|| id.uid.to_string());
+        let name = format!("{user}/{}", r.name);
+        crate::registry::parse_table(&name, &r.table)
+            .map_err(|e| bad_request(format!("dataset {}: {e:#}", quote(&name))))?;
+        let entry = crate::registry::Entry {
+            name: name.clone(),
+            owner: id.uid,
+            table: r.table,
+        };
+        let ds = self.datasets.add(entry, r.replace).await?;
+        tracing::info!(dataset = %name, caller = %who.describe(), "dataset added");
+        Ok(Response::new(AddDatasetResponse {
+            dataset: Some(ds.info()),
+        }))
+    }
+
+    async fn remove_dataset(
+        &self,
+        request: Request<RemoveDatasetRequest>,
+    ) -> Result<Response<RemoveDatasetResponse>, Status> {
+        let who = Caller::of(&request);
+        let Caller::Local(id) = &who else {
+            return Err(Error::new(
+                Kind::Denied,
+                "datasets are removed over the daemon's Unix socket (TCP has no identity)",
+            )
+            .into());
+        };
+        let name = request.into_inner().name;
+        self.datasets.remove(&name, id.uid, who.is_admin()).await?;
+        tracing::info!(dataset = %name, caller = %who.describe(), "dataset removed");
+        Ok(Response::new(RemoveDatasetResponse {}))
     }
 
     async fn get_stats(&self, _: Request<GetStatsRequest>) -> Result<Response<Stats>, Status> {

@@ -76,19 +76,26 @@ impl Hdf5Source {
         // (many NFS and Lustre mounts) the lock fails every open, and one held by any process
         // that has the file open (or inherited its descriptor) would keep the dataset from
         // being served. A rewritten file changes size or mtime, which the scratch tier notices.
-        let stamp =
-            Stamp::of(path).with_context(|| format!("opening HDF5 file {}", path.display()))?;
+        // Opened first as a descriptor, by this thread's identity (a registered dataset's
+        // owner's: see `owner`), refusing magic links; HDF5, which opens by path, is handed
+        // that descriptor's /proc/self/fd link, so what it opens is the file checked here
+        // whatever the path leads to by then.
+        let what = || format!("opening HDF5 file {}", path.display());
+        let held = crate::access::open_no_magiclinks(path, libc::O_NONBLOCK | libc::O_NOCTTY)
+            .with_context(what)?;
         // A FIFO or a device would block HDF5's open (and HDF5's one lock with it, for every
         // dataset) or never end.
-        ensure!(
-            std::fs::metadata(path).is_ok_and(|m| m.is_file()),
-            "{} is not a regular file",
-            path.display()
-        );
-        let file = hdf5::File::with_options()
-            .with_fapl(|p| p.file_locking(false))
-            .open(path)
-            .with_context(|| format!("opening HDF5 file {}", path.display()))?;
+        let meta = held.metadata().with_context(what)?;
+        ensure!(meta.is_file(), "{} is not a regular file", path.display());
+        let stamp = Stamp::of_metadata(&meta);
+        let file = {
+            use std::os::fd::AsRawFd;
+            hdf5::File::with_options()
+                .with_fapl(|p| p.file_locking(false))
+                .open(format!("/proc/self/fd/{}", held.as_raw_fd()))
+                .with_context(what)?
+        };
+        drop(held);
         ensure!(
             !fields.is_empty(),
             "no fields to serve from {}",

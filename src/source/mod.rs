@@ -3,6 +3,7 @@
 
 mod hdf5;
 mod images;
+mod owner;
 
 pub use self::hdf5::{write_hdf5, Hdf5Source, MAX_GRANULE};
 pub use self::images::ImageFolderSource;
@@ -24,6 +25,14 @@ pub struct Opened {
 /// Opens the dataset `c` describes, by its format: each format opens itself (a new one is its
 /// own file and a line here).
 pub fn open(c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
+    match owner::reader(c.owner) {
+        // A dataset a user added: opened and read with their rights.
+        Some(id) => owner::open(id, || open_format(c, limits)),
+        None => open_format(c, limits),
+    }
+}
+
+fn open_format(c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
     match c.kind {
         SourceKind::Hdf5 => hdf5::open_dataset(c),
         SourceKind::Images => images::open_dataset(c, limits),
@@ -79,6 +88,11 @@ pub trait RawSource: Send + Sync {
     /// The file or folder the source is: its status-change time stamps access checks (a chmod
     /// or chown of it changes that time, and no user can set it).
     fn root(&self) -> &Path;
+    /// The user whose rights the files are read with (a dataset a user added), if not the
+    /// daemon's.
+    fn owner(&self) -> Option<u32> {
+        None
+    }
 
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -103,21 +117,25 @@ pub struct Stamp {
 impl Stamp {
     /// The stamp of the file at `path` now (symlinks followed, as opening does).
     pub fn of(path: &Path) -> std::io::Result<Stamp> {
+        Ok(Stamp::of_metadata(&std::fs::metadata(path)?))
+    }
+
+    /// The stamp of the file `m` describes.
+    pub fn of_metadata(m: &std::fs::Metadata) -> Stamp {
         use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(path)?;
         let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
         let btime_ns = m
             .created()
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map(|d| d.as_nanos() as i128);
-        Ok(Stamp {
+        Stamp {
             dev: m.dev(),
             ino: m.ino(),
             btime_ns,
             len: m.len(),
             mtime_ns: ns(m.mtime(), m.mtime_nsec()),
-        })
+        }
     }
 
     /// Why the file at `path` no longer has this stamp, if it does not.

@@ -8,6 +8,22 @@ DESCRIPTOR: _descriptor.FileDescriptor
 OFFSETS: VariableLayout
 PADDED: VariableLayout
 
+class AddDatasetRequest(_message.Message):
+    __slots__ = ["name", "replace", "table"]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    replace: bool
+    table: str
+    def __init__(self, name: _Optional[str] = ..., table: _Optional[str] = ..., replace: bool = ...) -> None: ...
+
+class AddDatasetResponse(_message.Message):
+    __slots__ = ["dataset"]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    dataset: DatasetInfo
+    def __init__(self, dataset: _Optional[_Union[DatasetInfo, _Mapping]] = ...) -> None: ...
+
 class BadSample(_message.Message):
     __slots__ = ["dataset", "error", "index"]
     DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -43,13 +59,14 @@ class Batch(_message.Message):
     def __init__(self, batch_index: _Optional[int] = ..., num_batches: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., sample_ids: _Optional[_Iterable[int]] = ..., fields: _Optional[_Iterable[_Union[FieldBatch, _Mapping]]] = ..., slot: _Optional[int] = ..., step: _Optional[int] = ..., resume_sample: _Optional[int] = ...) -> None: ...
 
 class DatasetInfo(_message.Message):
-    __slots__ = ["bad_samples", "fields", "has_labels", "has_train_pipeline", "name", "num_samples", "sample_bytes", "sample_shape", "source"]
+    __slots__ = ["bad_samples", "fields", "has_labels", "has_train_pipeline", "name", "num_samples", "owner", "sample_bytes", "sample_shape", "source"]
     BAD_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     HAS_LABELS_FIELD_NUMBER: _ClassVar[int]
     HAS_TRAIN_PIPELINE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_BYTES_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_SHAPE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -59,10 +76,11 @@ class DatasetInfo(_message.Message):
     has_train_pipeline: bool
     name: str
     num_samples: int
+    owner: str
     sample_bytes: int
     sample_shape: _containers.RepeatedScalarFieldContainer[int]
     source: str
-    def __init__(self, name: _Optional[str] = ..., num_samples: _Optional[int] = ..., sample_shape: _Optional[_Iterable[int]] = ..., has_labels: bool = ..., source: _Optional[str] = ..., sample_bytes: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[FieldInfo, _Mapping]]] = ..., has_train_pipeline: bool = ..., bad_samples: _Optional[int] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., num_samples: _Optional[int] = ..., sample_shape: _Optional[_Iterable[int]] = ..., has_labels: bool = ..., source: _Optional[str] = ..., sample_bytes: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[FieldInfo, _Mapping]]] = ..., has_train_pipeline: bool = ..., bad_samples: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class FieldBatch(_message.Message):
     __slots__ = ["data", "dtype", "lengths", "name", "offsets", "sample_shape", "shape", "slot_bytes", "slot_offset"]
@@ -129,6 +147,16 @@ class ListDatasetsResponse(_message.Message):
     datasets: _containers.RepeatedCompositeFieldContainer[DatasetInfo]
     unavailable: _containers.RepeatedCompositeFieldContainer[UnavailableDataset]
     def __init__(self, datasets: _Optional[_Iterable[_Union[DatasetInfo, _Mapping]]] = ..., unavailable: _Optional[_Iterable[_Union[UnavailableDataset, _Mapping]]] = ...) -> None: ...
+
+class RemoveDatasetRequest(_message.Message):
+    __slots__ = ["name"]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class RemoveDatasetResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
 
 class Stats(_message.Message):
     __slots__ = ["accounted_bytes", "active_streams", "admissions_declined", "allocator_free_bytes", "anonymous_bytes", "anonymous_ceiling_bytes", "bad_samples", "batches_served", "bytes_served", "client_stall_seconds", "coalesced_fetches", "hit_rate", "machine_available_bytes", "measured_expansion_factor", "memory_budget_bytes", "memory_bytes", "memory_entries", "message_buffer_in_flight_bytes", "message_buffer_spare_bytes", "planned_expansion_factor", "resident_bytes", "samples_served", "scratch_budget_bytes", "scratch_bytes", "scratch_corrupt_records", "scratch_paused", "shared_bytes", "shm_batches", "shm_budget_bytes", "shm_bytes", "shm_fallbacks", "shm_rings", "tiers", "uptime_seconds"]

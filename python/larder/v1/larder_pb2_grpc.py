@@ -44,6 +44,16 @@ class LarderStub(object):
                 request_serializer=larder_dot_v1_dot_larder__pb2.ListBadSamplesRequest.SerializeToString,
                 response_deserializer=larder_dot_v1_dot_larder__pb2.ListBadSamplesResponse.FromString,
                 )
+        self.AddDataset = channel.unary_unary(
+                '/larder.v1.Larder/AddDataset',
+                request_serializer=larder_dot_v1_dot_larder__pb2.AddDatasetRequest.SerializeToString,
+                response_deserializer=larder_dot_v1_dot_larder__pb2.AddDatasetResponse.FromString,
+                )
+        self.RemoveDataset = channel.unary_unary(
+                '/larder.v1.Larder/RemoveDataset',
+                request_serializer=larder_dot_v1_dot_larder__pb2.RemoveDatasetRequest.SerializeToString,
+                response_deserializer=larder_dot_v1_dot_larder__pb2.RemoveDatasetResponse.FromString,
+                )
 
 
 class LarderServicer(object):
@@ -95,6 +105,23 @@ class LarderServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddDataset(self, request, context):
+        """Adds a dataset of the caller's own (Unix socket only), named USER/NAME, kept across
+        restarts; the daemon reads its files with the caller's rights. Opened before the call
+        returns: a table or files that do not open are the call's error, and nothing is kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveDataset(self, request, context):
+        """Removes a dataset the caller added (root and the daemon's user: anyone's). Open streams
+        finish; new ones are refused.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LarderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +154,16 @@ def add_LarderServicer_to_server(servicer, server):
                     servicer.ListBadSamples,
                     request_deserializer=larder_dot_v1_dot_larder__pb2.ListBadSamplesRequest.FromString,
                     response_serializer=larder_dot_v1_dot_larder__pb2.ListBadSamplesResponse.SerializeToString,
+            ),
+            'AddDataset': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddDataset,
+                    request_deserializer=larder_dot_v1_dot_larder__pb2.AddDatasetRequest.FromString,
+                    response_serializer=larder_dot_v1_dot_larder__pb2.AddDatasetResponse.SerializeToString,
+            ),
+            'RemoveDataset': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveDataset,
+                    request_deserializer=larder_dot_v1_dot_larder__pb2.RemoveDatasetRequest.FromString,
+                    response_serializer=larder_dot_v1_dot_larder__pb2.RemoveDatasetResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -237,5 +274,39 @@ class Larder(object):
         return grpc.experimental.unary_unary(request, target, '/larder.v1.Larder/ListBadSamples',
             larder_dot_v1_dot_larder__pb2.ListBadSamplesRequest.SerializeToString,
             larder_dot_v1_dot_larder__pb2.ListBadSamplesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def AddDataset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/larder.v1.Larder/AddDataset',
+            larder_dot_v1_dot_larder__pb2.AddDatasetRequest.SerializeToString,
+            larder_dot_v1_dot_larder__pb2.AddDatasetResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def RemoveDataset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/larder.v1.Larder/RemoveDataset',
+            larder_dot_v1_dot_larder__pb2.RemoveDatasetRequest.SerializeToString,
+            larder_dot_v1_dot_larder__pb2.RemoveDatasetResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -24,6 +24,10 @@
 //! daemon that cannot switch (not root, no CAP_SETUID/CAP_SETGID) checks only its own user's
 //! requests this way and denies other users what `allow` does not grant.
 
+mod switch;
+
+pub use switch::{as_user, open_no_magiclinks};
+
 use crate::error::{quote, Error, Kind};
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
@@ -52,6 +56,13 @@ impl Identity {
     /// The identity of the process at the other end of a Unix socket.
     pub fn of(cred: &tokio::net::unix::UCred) -> Identity {
         Identity::of_user(cred.uid(), cred.gid(), cred.pid())
+    }
+
+    /// The identity of user `uid` in their primary group (with their groups added).
+    pub fn of_user_primary(uid: u32) -> Identity {
+        // A uid the password database does not know: group nogroup.
+        let gid = user_name(uid).map_or(65534, |(_, gid)| gid);
+        Identity::of_user(uid, gid, None)
     }
 
     /// The identity of user `uid` in group `gid` (with the user's groups added).
@@ -309,63 +320,6 @@ fn may_read(path: &Path) -> io::Result<()> {
     }
 }
 
-/// Runs `f` with this thread's file-system identity switched to `id` (groups, fsgid, fsuid),
-/// and switches back. Err when the switch does not take (no CAP_SETUID/CAP_SETGID). Only for
-/// a thread made for it: if switching back failed, the thread must end.
-fn as_user<T>(id: &Identity, f: impl FnOnce() -> T) -> io::Result<T> {
-    assert_ne!(id.uid, 0, "never switch to root");
-    let old_groups = thread_groups()?;
-    // SAFETY: setfsuid/setfsgid(-1) change nothing and return the current ids.
-    let (old_uid, old_gid) = unsafe { (libc::setfsuid(u32::MAX), libc::setfsgid(u32::MAX)) };
-    set_groups(&id.groups)?;
-    // SAFETY: plain syscalls on this thread's credentials.
-    unsafe {
-        libc::setfsgid(id.gid);
-        libc::setfsuid(id.uid);
-    }
-    // setfsuid says nothing when it fails: read the ids back.
-    let switched = unsafe { (libc::setfsuid(u32::MAX), libc::setfsgid(u32::MAX)) };
-    let out = (switched == (id.uid as i32, id.gid as i32)).then(f);
-    // SAFETY: as above; back to the daemon's ids (fsuid first: it brings back the
-    // capabilities that setting the groups needs).
-    unsafe {
-        libc::setfsuid(old_uid as u32);
-        libc::setfsgid(old_gid as u32);
-    }
-    set_groups(&old_groups).expect("restoring the thread's groups");
-    let back = unsafe { (libc::setfsuid(u32::MAX), libc::setfsgid(u32::MAX)) };
-    assert_eq!(back, (old_uid, old_gid), "restoring the thread's identity");
-    out.ok_or_else(|| io::Error::from(io::ErrorKind::PermissionDenied))
-}
-
-/// This thread's supplementary groups.
-fn thread_groups() -> io::Result<Vec<u32>> {
-    // SAFETY: a size query, then a buffer of that size.
-    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut groups = vec![0u32; n as usize];
-    let n = unsafe { libc::getgroups(n, groups.as_mut_ptr()) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    groups.truncate(n as usize);
-    Ok(groups)
-}
-
-/// Sets this thread's supplementary groups only (the raw system call: glibc's wrapper sets
-/// every thread's).
-fn set_groups(groups: &[u32]) -> io::Result<()> {
-    // SAFETY: a pointer to `groups.len()` gids.
-    let rc = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
 /// A user's entry in the password database, looked up by `lookup` (getpwuid_r or
 /// getpwnam_r, with the buffers they fill): (name, uid, primary gid).
 fn passwd_entry(
@@ -412,6 +366,11 @@ fn group_list(name: &CStr, gid: u32) -> Vec<u32> {
             return vec![gid];
         }
     }
+}
+
+/// User `uid`'s name in the password database.
+pub fn name_of_user(uid: u32) -> Option<String> {
+    user_name(uid).map(|(n, _)| n.to_string_lossy().into_owned())
 }
 
 fn uid_of(name: &str) -> Option<u32> {

@@ -1,0 +1,105 @@
+//! Datasets users added (`larder add`) are read with their owner's rights, not the daemon's:
+//! every open, walk and read of their files runs on a thread switched to the owner's
+//! file-system identity for that call (see `access::as_user`), so a registered dataset gives
+//! its owner no byte they could not read themselves (a symlink in their folder to another
+//! user's file, or to /etc/shadow, is refused by the kernel as it would refuse them), and a
+//! 0600 file under a 0700 home reads while the daemon runs as its own user.
+
+use super::{Opened, RawSample, RawSource};
+use crate::access::{as_user, Identity};
+use anyhow::{anyhow, Result};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The identity the files of a dataset owned by `owner` are read with: None (the daemon's own)
+/// for root and the daemon's own user, else the owner with their groups.
+pub fn reader(owner: Option<u32>) -> Option<Arc<Identity>> {
+    let uid = owner?;
+    if uid == 0 || uid == unsafe { libc::geteuid() } {
+        return None;
+    }
+    Some(Arc::new(Identity::of_user_primary(uid)))
+}
+
+/// Runs `f` as `owner`; Err when the daemon cannot switch to them.
+fn run<T>(owner: &Identity, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    as_user(owner, f).map_err(|e| {
+        anyhow!(
+            "the daemon cannot read files as uid {} ({e}): it needs CAP_SETUID and CAP_SETGID \
+             (root, or the unit's capabilities) to serve datasets users added",
+            owner.uid
+        )
+    })?
+}
+
+/// Opens a dataset with `open` as `owner`, and reads it as them from then on.
+pub fn open(owner: Arc<Identity>, open: impl FnOnce() -> Result<Opened>) -> Result<Opened> {
+    let opened = run(&owner, open)?;
+    Ok(Opened {
+        source: Box::new(AsOwner {
+            inner: opened.source,
+            owner,
+        }),
+        ..opened
+    })
+}
+
+/// A source whose file accesses run as its owner.
+struct AsOwner {
+    inner: Box<dyn RawSource>,
+    owner: Arc<Identity>,
+}
+
+impl RawSource for AsOwner {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+
+    fn read_range(&self, start: u64, count: u64) -> Result<Vec<RawSample>> {
+        run(&self.owner, || self.inner.read_range(start, count))
+    }
+
+    fn read(&self, index: u64) -> Result<RawSample> {
+        run(&self.owner, || self.inner.read(index))
+    }
+
+    fn read_granule(&self) -> u64 {
+        self.inner.read_granule()
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        self.inner.disk_bytes()
+    }
+
+    fn disk_bytes_of(&self, index: u64) -> u64 {
+        self.inner.disk_bytes_of(index)
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    fn sample_name(&self, index: u64) -> String {
+        self.inner.sample_name(index)
+    }
+
+    fn version(&self) -> String {
+        run(&self.owner, || Ok(self.inner.version())).unwrap_or_else(|e| format!("{e}"))
+    }
+
+    fn changed(&self) -> Option<String> {
+        run(&self.owner, || Ok(self.inner.changed())).unwrap_or_else(|e| Some(format!("{e:#}")))
+    }
+
+    fn files(&self) -> Arc<[PathBuf]> {
+        self.inner.files()
+    }
+
+    fn root(&self) -> &Path {
+        self.inner.root()
+    }
+
+    fn owner(&self) -> Option<u32> {
+        Some(self.owner.uid)
+    }
+}
