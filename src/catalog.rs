@@ -142,13 +142,25 @@ impl Dataset {
 
     /// Identifies the raw data, its preprocessing and the fields: scratch shards of another
     /// fingerprint are out of date.
+    ///
+    /// A user's dataset's fingerprint holds their uid: two users who add the same files keep
+    /// scratch shards apart (one may be able to list a folder whose files only the other can
+    /// read; the shards would hand the second what only the first could read).
     pub fn fingerprint(&self) -> u64 {
-        fnv1a(&[
-            self.source.version().as_bytes(),
-            self.preprocess.describe().as_bytes(),
-            self.schema.describe().as_bytes(),
-            &self.len().to_le_bytes(),
-        ])
+        let owner = self.owner.map(|uid| uid.to_le_bytes());
+        let (version, preprocess, schema) = (
+            self.source.version(),
+            self.preprocess.describe(),
+            self.schema.describe(),
+        );
+        let mut parts: Vec<&[u8]> =
+            vec![version.as_bytes(), preprocess.as_bytes(), schema.as_bytes()];
+        let len = self.len().to_le_bytes();
+        parts.push(&len);
+        if let Some(o) = &owner {
+            parts.push(o);
+        }
+        fnv1a(&parts)
     }
 
     pub fn len(&self) -> u64 {
@@ -261,6 +273,8 @@ struct State {
     closing: BTreeMap<String, std::sync::Weak<Dataset>>,
     /// The datasets of the config not tried yet (the daemon listens before it opens them).
     opening: std::collections::BTreeSet<String>,
+    /// Files found so far by the open of each dataset being opened now.
+    progress: BTreeMap<String, Arc<std::sync::atomic::AtomicU64>>,
 }
 
 struct Served {
@@ -327,7 +341,11 @@ impl Catalog {
                 continue;
             }
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            match open_dataset(id, c, limits) {
+            let found = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            self.write().progress.insert(c.name.clone(), found.clone());
+            let opened = crate::source::with_progress(&found, || open_dataset(id, c, limits));
+            self.write().progress.remove(&c.name);
+            match opened {
                 Ok(ds) => {
                     if !why.is_empty() {
                         tracing::info!(dataset = %c.name, "opened again: {why}");
@@ -408,19 +426,30 @@ impl Catalog {
         }
     }
 
-    /// Whether dataset `name` of the config is still to be opened for the first time.
-    pub fn opening(&self, name: &str) -> bool {
-        self.read().opening.contains(name)
+    /// Whether dataset `name` of the config is still to be opened for the first time, and if
+    /// so how many files its open has found so far.
+    pub fn opening(&self, name: &str) -> Option<u64> {
+        let state = self.read();
+        state.opening.contains(name).then(|| {
+            state
+                .progress
+                .get(name)
+                .map_or(0, |f| f.load(Ordering::Relaxed))
+        })
     }
 
     /// The config's datasets not served now, with why: being opened, or the error of their
     /// last open.
     pub fn unavailable(&self) -> Vec<(String, String)> {
         let state = self.read();
-        let opening = state
-            .opening
-            .iter()
-            .map(|n| (n.clone(), "being opened".to_string()));
+        let opening = state.opening.iter().map(|n| {
+            let found = state.progress.get(n).map(|f| f.load(Ordering::Relaxed));
+            let why = match found {
+                Some(k) if k > 0 => format!("being opened ({k} files found so far)"),
+                _ => "being opened".to_string(),
+            };
+            (n.clone(), why)
+        });
         let failed = state.failed.iter().map(|(n, f)| (n.clone(), f.why.clone()));
         opening.chain(failed).collect()
     }

@@ -14,6 +14,9 @@ use std::sync::Mutex;
 /// The file, in the state directory, that holds the added datasets.
 pub const FILE: &str = "datasets.toml";
 
+/// Most bytes of one added dataset's table (a config's table is a few hundred).
+pub const MAX_TABLE_BYTES: usize = 16 << 10;
+
 /// One added dataset as kept on disk.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,15 +43,24 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// The datasets kept in `dir` (none when it holds no file yet). A file that does not read
-    /// or parse is logged and left as it is (moved aside only by the next change), never fatal.
+    /// The datasets kept in `dir` (none when it holds no file yet). A file that does not parse
+    /// is logged and moved aside for the admin (`datasets.toml.unreadable-TIME`), never fatal
+    /// and never overwritten.
     pub fn load(dir: Option<&Path>) -> Registry {
         let entries = match dir.map(|d| d.join(FILE)) {
             Some(path) => match std::fs::read_to_string(&path) {
                 Ok(text) => match toml::from_str::<OnDisk>(&text) {
                     Ok(d) => d.datasets,
                     Err(e) => {
-                        tracing::error!(file = %path.display(), "the added datasets do not parse: {e}");
+                        // Kept aside for the admin, not overwritten by the next add.
+                        let aside = path.with_extension(format!(
+                            "toml.unreadable-{}",
+                            std::time::SystemTime::now()
+                                .duration_since(std::time::UNIX_EPOCH)
+                                .map_or(0, |d| d.as_secs())
+                        ));
+                        let moved = std::fs::rename(&path, &aside);
+                        tracing::error!(file = %path.display(), aside = %aside.display(), moved = moved.is_ok(), "the added datasets do not parse, so none is served; the file is kept aside: {e}");
                         vec![]
                     }
                 },
@@ -121,17 +133,19 @@ impl Registry {
     /// Removes the entry `name` (its owner's, or anyone's for an admin) and writes the file.
     pub fn remove(&self, name: &str, by: u32, admin: bool) -> Result<Entry, Error> {
         let mut entries = self.lock();
-        let at = entries.iter().position(|e| e.name == name).ok_or_else(|| {
+        // Another user's dataset is answered as none at all: its name is not theirs to learn.
+        let unknown = || {
             Error::new(
                 Kind::UnknownDataset,
-                format!("no added dataset {}", quote(name)),
+                format!("you added no dataset {}", quote(name)),
             )
-        })?;
+        };
+        let at = entries
+            .iter()
+            .position(|e| e.name == name)
+            .ok_or_else(unknown)?;
         if entries[at].owner != by && !admin {
-            return Err(Error::new(
-                Kind::Denied,
-                format!("dataset {} belongs to another user", quote(name)),
-            ));
+            return Err(unknown());
         }
         let mut next = entries.clone();
         let gone = next.remove(at);
@@ -160,15 +174,33 @@ impl Registry {
                 ),
             )
         };
-        std::fs::create_dir_all(dir).map_err(failed)?;
-        let tmp = dir.join(format!("{FILE}.tmp"));
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            let mut b = std::fs::DirBuilder::new();
+            b.recursive(true).mode(0o700).create(dir).map_err(failed)?;
+        }
+        // A name of its own, made here (never a file or link someone left there), readable by
+        // the daemon alone: it lists every user's paths.
+        let tmp = dir.join(format!("{FILE}.{}.tmp", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
         {
             use std::io::Write;
-            let mut f = std::fs::File::create(&tmp).map_err(failed)?;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&tmp)
+                .map_err(failed)?;
             f.write_all(text.as_bytes()).map_err(failed)?;
             f.sync_all().map_err(failed)?;
         }
         std::fs::rename(&tmp, dir.join(FILE)).map_err(failed)?;
+        // The rename itself outlives a crash once the folder is synced.
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(failed)?;
         Ok(())
     }
 
@@ -241,7 +273,11 @@ mod tests {
         let e = r.put(entry("alice/a", 1002), 2).unwrap_err();
         assert_eq!(e.kind(), Kind::Denied, "another user cannot replace it");
         let e = r.remove("alice/a", 1002, false).unwrap_err();
-        assert_eq!(e.kind(), Kind::Denied, "nor remove it");
+        assert_eq!(
+            e.kind(),
+            Kind::UnknownDataset,
+            "nor remove it (nor learn it exists)"
+        );
         let again = Registry::load(Some(dir.path()));
         let names: Vec<_> = again
             .configs()

@@ -455,7 +455,7 @@ fn users_add_their_own_datasets_read_with_their_own_rights() {
     );
     fails(
         larder_as(bob, &socket, &["rm", &mine]),
-        "belongs to another user",
+        "you added no dataset",
     );
     fails(
         larder_as(bob, &socket, &["add", "own", own_s, "--labels", "labels"]),

@@ -271,8 +271,13 @@ async fn a_dataset_that_does_not_open_is_reported_and_the_others_served() {
     // A FIFO where the file should be: HDF5 would wait for a writer forever, holding its lock.
     let fifo = std::ffi::CString::new(p.join("fifo.h5").to_str().unwrap()).unwrap();
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    // An external link to a FIFO: following it would block HDF5's open (and its one lock).
+    let file = hdf5::File::create(p.join("tofifo.h5")).unwrap();
+    file.link_external(p.join("fifo.h5").to_str().unwrap(), "images", "images")
+        .unwrap();
+    drop(file);
     let tables = [
-        "good", "cut", "strings", "missing", "huge", "fifo", "linked", "efl",
+        "good", "cut", "strings", "missing", "huge", "fifo", "linked", "efl", "tofifo",
     ]
     .map(table)
     .concat();
@@ -292,6 +297,7 @@ async fn a_dataset_that_does_not_open_is_reported_and_the_others_served() {
         ("fifo", "not a regular file"),
         ("linked", "external link"),
         ("efl", "external raw files"),
+        ("tofifo", "external link"),
     ] {
         let status = c.stream_batches(req(name, 8)).await.expect_err("refused");
         assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");

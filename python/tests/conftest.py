@@ -155,6 +155,7 @@ class Daemon:
         self.config.write_text(
             'listen = "127.0.0.1:0"\n'
             f'unix_socket = "{self.socket}"\n'
+            f'state_dir = "{tmp_path / "state"}"\n'
             "[scratch]\n"
             f'dir = "{tmp_path / "scratch"}"\n' + scratch + "[memory]\n"
             f"budget_bytes = {budget_bytes}\n" + extra + datasets

@@ -1,5 +1,6 @@
 """The numpy/torch client against a real larderd over gRPC."""
 
+import os
 import signal
 import threading
 
@@ -239,3 +240,43 @@ def test_wire_field_numbers_are_the_descriptors_and_spans_are_right():
     for f in expected.fields:
         f.data = b""
     assert parsed.msg == expected, "everything else as protobuf parses it"
+
+
+def test_a_user_adds_streams_and_removes_a_dataset_of_their_own(daemon, tmp_path):
+    import grpc
+    import pwd
+    import time
+
+    from conftest import make_h5
+
+    make_h5(tmp_path / "mine.h5", 50)
+    me = pwd.getpwuid(os.getuid()).pw_name
+    name = f"{me}/mine"
+    with larder.Client(daemon.unix) as c:
+        info = c.add_dataset("mine", tmp_path / "mine.h5", labels="labels")
+        assert (info.name, info.num_samples, info.owner) == (name, 50, me)
+        assert sorted(int(i) for b in c.stream(name, 16) for i in b.sample_ids) == list(range(50))
+        with pytest.raises(larder.LarderError) as e:
+            c.add_dataset("mine", tmp_path / "mine.h5", labels="labels")
+        assert e.value.code == grpc.StatusCode.ALREADY_EXISTS
+        with pytest.raises(larder.LarderError) as e:
+            c.add_dataset("other", tmp_path / "missing.h5")
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "missing.h5" in str(e)
+        assert "other" not in str([d.name for d in c.datasets()]), "nothing kept of a failed add"
+    with larder.Client(daemon.tcp) as c, pytest.raises(larder.LarderError) as e:
+        c.add_dataset("tcp", tmp_path / "mine.h5")
+    assert e.value.code == grpc.StatusCode.PERMISSION_DENIED
+    # Kept across a restart, then removed.
+    daemon.stop()
+    daemon.start()
+    with larder.Client(daemon.unix) as c:
+        deadline = time.monotonic() + 20
+        while name not in [d.name for d in c.datasets()]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert sum(b.size for b in c.stream(name, 16)) == 50
+        c.remove_dataset(name)
+        assert name not in [d.name for d in c.datasets()]
+        with pytest.raises(larder.LarderError) as e:
+            c.remove_dataset(name)
+        assert e.value.code == grpc.StatusCode.NOT_FOUND

@@ -147,6 +147,7 @@ fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample, limits: &Limits) -> 
                 let ids = decode_index(&value.data, max_pixels)?;
                 let size = *kept.get_or_insert_with(|| resize.size(ids.dimensions()));
                 let (w, h) = scaled(size, s)?;
+                decode::check_pixels(w, h, max_pixels).context("resized to the size kept")?;
                 let px = resize_interleaved(ids.as_raw(), ids.dimensions(), 1, (w, h), *resample)?;
                 return Ok(Value::new(vec![h, w], px));
             }
@@ -163,7 +164,7 @@ fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample, limits: &Limits) -> 
             ensure!(w > 0 && h > 0, "image is empty");
             let size = *kept.get_or_insert_with(|| resize.size((w, h)));
             let (nw, nh) = scaled(size, s)?;
-            decode::check_pixels(nw, nh, max_pixels).context("resized to its pair's scale")?;
+            decode::check_pixels(nw, nh, max_pixels).context("resized to the size kept")?;
             let rgb = resize_interleaved(&px.data, (w, h), px.channels, (nw, nh), *resample)?;
             let c = px.channels;
             Ok(Value::new(vec![c, nh, nw], to_planes(&rgb, c as usize)))

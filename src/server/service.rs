@@ -159,17 +159,23 @@ impl Service {
     /// to root and the daemon's own user only; others are told to ask them.
     fn named(&self, name: &str, who: &Caller) -> Result<Arc<Dataset>, Status> {
         self.catalog.get(name).ok_or_else(|| {
-            if self.catalog.opening(name) {
+            // Whether another user's dataset exists, opens or fails is theirs to know.
+            let hidden = name.contains('/') && !(who.is_admin() || self.owns(who, name));
+            if let Some(found) = self.catalog.opening(name).filter(|_| !hidden) {
+                let progress = match found {
+                    0 => String::new(),
+                    k => format!(", {k} files found so far"),
+                };
                 return Error::new(
                     Kind::Opening,
                     format!(
-                        "dataset {} is being opened (the daemon just started); retry shortly",
+                        "dataset {} is being opened (the daemon just started{progress}); retry                          shortly",
                         quote(name)
                     ),
                 )
                 .into();
             }
-            if let Some(why) = self.catalog.failed(name) {
+            if let Some(why) = self.catalog.failed(name).filter(|_| !hidden) {
                 let why = match who.is_admin() || self.owns(who, name) {
                     true => why,
                     false => "the daemon's log, or `larder datasets` as root, says why".into(),
@@ -381,6 +387,13 @@ impl Larder for Service {
             .into());
         };
         let r = request.into_inner();
+        if r.table.len() > crate::registry::MAX_TABLE_BYTES {
+            return Err(bad_request(format!(
+                "the dataset's table takes {} bytes, over the {} one may",
+                r.table.len(),
+                crate::registry::MAX_TABLE_BYTES
+            )));
+        }
         if !crate::registry::valid_name(&r.name) {
             return Err(bad_request(format!(
                 "dataset name {}: 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'",

@@ -334,14 +334,20 @@ fn open_field(file: &hdf5::File, path: &Path, fc: &FieldConfig) -> Result<(Field
         "{}: folder, mode and from are for image folders",
         what()
     );
-    let dataset = file.dataset(name).with_context(|| {
+    let missing = || {
         format!(
             "{}: no such dataset; the file has: {}",
             what(),
             file.member_names().unwrap_or_default().join(", ")
         )
-    })?;
-    own_data(file, name, &dataset).with_context(what)?;
+    };
+    // The links are looked at before the dataset is opened: opening follows them (an external
+    // link to a FIFO would block HDF5's open, and its one lock, for every dataset).
+    if !own_links(file, name).with_context(what)? {
+        bail!(missing());
+    }
+    let dataset = file.dataset(name).with_context(missing)?;
+    own_storage(&dataset).with_context(what)?;
     let stored = dataset
         .dtype()
         .and_then(|t| t.to_descriptor())
@@ -408,10 +414,11 @@ fn open_field(file: &hdf5::File, path: &Path, fc: &FieldConfig) -> Result<(Field
 }
 
 /// Refuses a field whose data lives outside this file: reached through a soft or external
-/// link, stored in external raw files, or a virtual dataset mapping others. The daemon reads
-/// them with its own rights, so a file a user writes could otherwise point it at files the
-/// user may not read (the access check looks at this file only).
-fn own_data(file: &hdf5::File, name: &str, dataset: &hdf5::Dataset) -> Result<()> {
+/// link (here, before anything follows them), stored in external raw files, or a virtual
+/// dataset mapping others (`own_storage`, once opened). The daemon reads them with its own
+/// rights, so a file a user writes could otherwise point it at files the user may not read
+/// (the access check looks at this file only). Ok(false): there is no such link.
+fn own_links(file: &hdf5::File, name: &str) -> Result<bool> {
     use hdf5::{IndexType, IterationOrder, LinkType};
     let parts: Vec<&str> = name.split('/').filter(|p| !p.is_empty()).collect();
     let mut group: hdf5::Group = (**file).clone();
@@ -419,6 +426,9 @@ fn own_data(file: &hdf5::File, name: &str, dataset: &hdf5::Dataset) -> Result<()
         let kind = group.find_link(IndexType::Name, IterationOrder::Native, |n, info| {
             Ok((n == *part).then_some(info.link_type))
         })?;
+        if kind.is_none() {
+            return Ok(false);
+        }
         ensure!(
             kind == Some(LinkType::Hard),
             "reached through a {} link ({part:?}); larder reads only data stored in the file itself",
@@ -431,6 +441,10 @@ fn own_data(file: &hdf5::File, name: &str, dataset: &hdf5::Dataset) -> Result<()
             group = group.group(part)?;
         }
     }
+    Ok(true)
+}
+
+fn own_storage(dataset: &hdf5::Dataset) -> Result<()> {
     let dcpl = dataset.dcpl()?;
     ensure!(
         dcpl.external().is_empty(),

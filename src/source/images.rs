@@ -75,6 +75,7 @@ fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>> {
         .with_context(|| format!("reading folder {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
+    super::found(entries.len() as u64);
     entries.sort();
     Ok(entries)
 }
@@ -296,6 +297,10 @@ fn paired_files(dir: &Path, field: &str, rels: &[PathBuf]) -> Result<Vec<PathBuf
     let mut by_stem: HashMap<PathBuf, PathBuf> = HashMap::new();
     let mut seen = std::collections::HashSet::new();
     let mut pending = vec![dir.to_path_buf()];
+    // A paired folder holds about one file per sample: a walk that meets far more (`folder =
+    // "/"`, say) stops rather than list the machine.
+    let most = rels.len().saturating_mul(4).saturating_add(10_000);
+    let mut entries = 0usize;
     while let Some(d) = pending.pop() {
         // A directory reached again (a symlink to itself or an ancestor) is walked once.
         let Ok(meta) = std::fs::metadata(&d) else {
@@ -304,7 +309,16 @@ fn paired_files(dir: &Path, field: &str, rels: &[PathBuf]) -> Result<Vec<PathBuf
         if !seen.insert((meta.dev(), meta.ino())) {
             continue;
         }
-        for p in sorted_entries(&d).with_context(|| format!("image folder of field {field:?}"))? {
+        let listed =
+            sorted_entries(&d).with_context(|| format!("image folder of field {field:?}"))?;
+        entries += listed.len();
+        ensure!(
+            entries <= most,
+            "field {field:?}: {} holds over {most} entries for {} samples; name the folder of              this field's files",
+            dir.display(),
+            rels.len()
+        );
+        for p in listed {
             if p.is_dir() {
                 pending.push(p);
             } else if is_image(&p) {

@@ -41,6 +41,33 @@ fn open_format(c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
 
 pub use crate::fields::RawSample;
 
+thread_local! {
+    /// Files found so far by the open running on this thread (see [`with_progress`]).
+    static PROGRESS: std::cell::RefCell<Option<std::sync::Arc<std::sync::atomic::AtomicU64>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `open` (a dataset's open, on this thread), counting in `found` the files its walk
+/// finds, so a client told the dataset is being opened hears how far it got.
+pub fn with_progress<T>(
+    found: &std::sync::Arc<std::sync::atomic::AtomicU64>,
+    open: impl FnOnce() -> T,
+) -> T {
+    PROGRESS.with(|p| *p.borrow_mut() = Some(found.clone()));
+    let out = open();
+    PROGRESS.with(|p| *p.borrow_mut() = None);
+    out
+}
+
+/// Notes `n` more files found by the open running on this thread.
+fn found(n: u64) {
+    PROGRESS.with(|p| {
+        if let Some(c) = &*p.borrow() {
+            c.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+}
+
 /// A dataset of raw samples on long-term storage.
 pub trait RawSource: Send + Sync {
     /// Number of samples.

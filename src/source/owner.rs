@@ -88,6 +88,15 @@ impl RawSource for AsOwner {
     }
 
     fn changed(&self) -> Option<String> {
+        // The owner's groups as they are now: one taken out of a group reads no more through
+        // larder than they could themselves (the dataset is opened again as they are).
+        let now = Identity::of_user_primary(self.owner.uid);
+        if (now.gid, &now.groups) != (self.owner.gid, &self.owner.groups) {
+            return Some(format!(
+                "the groups of its owner (uid {}) changed",
+                self.owner.uid
+            ));
+        }
         run(&self.owner, || Ok(self.inner.changed())).unwrap_or_else(|e| Some(format!("{e:#}")))
     }
 

@@ -29,6 +29,7 @@ use bytes::Bytes;
 use memmap2::Mmap;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -74,7 +75,7 @@ impl ScratchSpace {
     /// Opens (creating) the scratch directory. `budget`: bytes all shard files may take; None
     /// takes 80% of the disk's free space now.
     pub fn open(root: &Path, budget: Option<u64>) -> Result<Arc<ScratchSpace>> {
-        std::fs::create_dir_all(root)
+        private_dir(root)
             .with_context(|| format!("creating scratch directory {}", root.display()))?;
         let budget = match budget {
             Some(b) => b,
@@ -351,8 +352,7 @@ impl ScratchTier {
     ) -> Result<ScratchTier> {
         let dir = space.root.join(folder_name(dataset, fingerprint));
         space.reclaim(&dir);
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("creating scratch folder {}", dir.display()))?;
+        private_dir(&dir).with_context(|| format!("creating scratch folder {}", dir.display()))?;
         let tier = ScratchTier {
             space: space.clone(),
             dir,
@@ -425,7 +425,7 @@ impl ScratchTier {
         // SAFETY: the daemon owns its scratch folder; a file cut short behind its back is caught
         // by the length check before every read.
         let map = unsafe { Mmap::map(&file) }.ok()?;
-        random_access(&map);
+        random_access(&map, &file);
         let shard = Shard {
             number,
             file,
@@ -471,6 +471,7 @@ impl ScratchTier {
             .write(true)
             .create(true)
             .truncate(true)
+            .mode(0o600)
             .open(&path)
             .with_context(|| format!("creating {}", path.display()))?;
         let result = allocate(&file, capacity)
@@ -482,7 +483,7 @@ impl ScratchTier {
         // SAFETY: as in open_existing.
         let map =
             unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
-        random_access(&map);
+        random_access(&map, &file);
         Ok(Shard {
             number,
             file,
@@ -551,13 +552,9 @@ impl ScratchTier {
             .cloned()
     }
 
-    /// The payload of `index` in `shard` at entry `slot`, or why it is corrupt.
-    fn record<'a>(
-        &self,
-        shard: &'a Shard,
-        slot: u64,
-        index: u64,
-    ) -> Result<&'a [u8], &'static str> {
+    /// Where the payload of `index` lies in `shard` (entry `slot`) and its checksum, or why the
+    /// record is corrupt.
+    fn entry(&self, shard: &Shard, slot: u64, index: u64) -> Result<(u64, u64, u32), &'static str> {
         // Reading a mapped page past the end of the file would fault: check the file first.
         let file_len = shard.file.metadata().map(|m| m.len()).unwrap_or(0);
         let pos = entry_pos(shard.capacity, slot);
@@ -576,24 +573,57 @@ impl ScratchTier {
         if end > file_len {
             return Err("truncated");
         }
+        Ok((start, end, e.crc))
+    }
+
+    /// The payload of `index` in `shard` at entry `slot`, as mapped, or why it is corrupt.
+    fn record<'a>(
+        &self,
+        shard: &'a Shard,
+        slot: u64,
+        index: u64,
+    ) -> Result<&'a [u8], &'static str> {
+        let (start, end, crc) = self.entry(shard, slot, index)?;
         let payload = &shard.map[start as usize..end as usize];
-        if checksum(index, payload) != e.crc {
+        if checksum(index, payload) != crc {
             return Err("checksum mismatch");
         }
         Ok(payload)
     }
 
-    /// Looks the sample up: its bytes, None if absent. A corrupt record is counted, logged and
-    /// forgotten, so that it is refetched.
-    fn lookup<T>(&self, index: u64, f: impl FnOnce(&[u8]) -> T) -> Option<T> {
+    /// The payload of `index` in `shard` at entry `slot`, read with one `pread` into a buffer
+    /// of its own (a record read through the mapping would fault in one 4 KiB page at a time:
+    /// tens of disk reads for an image's record once the page cache no longer holds it), or
+    /// why it is corrupt.
+    fn read_record(&self, shard: &Shard, slot: u64, index: u64) -> Result<Vec<u8>, &'static str> {
+        use std::os::unix::fs::FileExt;
+        let (start, end, crc) = self.entry(shard, slot, index)?;
+        let mut payload = vec![0u8; (end - start) as usize];
+        shard
+            .file
+            .read_exact_at(&mut payload, start)
+            .map_err(|_| "truncated")?;
+        if checksum(index, &payload) != crc {
+            return Err("checksum mismatch");
+        }
+        Ok(payload)
+    }
+
+    /// Looks the sample up with `get` (a record as mapped, or read): None if absent. A corrupt
+    /// record is counted, logged and forgotten, so that it is refetched.
+    fn lookup<T>(
+        &self,
+        index: u64,
+        get: impl FnOnce(&Self, &Shard, u64) -> Result<T, &'static str>,
+    ) -> Option<T> {
         let loc = self.index.get(index as usize)?.load(Ordering::Acquire);
         if loc == 0 {
             return None;
         }
         let (number, slot) = unpack(loc);
         let shard = self.shard(number)?;
-        match self.record(&shard, slot, index) {
-            Ok(payload) => Some(f(payload)),
+        match get(self, &shard, slot) {
+            Ok(found) => Some(found),
             Err(why) => {
                 // Forget it, unless a fresh copy was written meanwhile.
                 if self.index[index as usize]
@@ -609,14 +639,18 @@ impl ScratchTier {
         }
     }
 
-    /// The sample's record, if the tier holds a valid copy.
+    /// The sample's record, if the tier holds a valid copy: one read of the disk.
     pub fn read(&self, index: u64) -> Option<Bytes> {
-        self.lookup(index, Bytes::copy_from_slice)
+        self.lookup(index, |t, shard, slot| t.read_record(shard, slot, index))
+            .map(Bytes::from)
     }
 
     /// Whether the tier holds a valid copy of the sample.
     pub fn contains(&self, index: u64) -> bool {
-        self.lookup(index, |_| ()).is_some()
+        self.lookup(index, |t, shard, slot| {
+            t.record(shard, slot, index).map(|_| ())
+        })
+        .is_some()
     }
 
     /// Whether a write would be taken now: writes are not paused and the budget has room for
@@ -722,17 +756,36 @@ impl ScratchTier {
 /// length short when the blocks a file already has cover `size`.)
 /// The folder of a dataset's shards: its name (made safe for a path) and its fingerprint.
 fn folder_name(dataset: &str, fingerprint: u64) -> String {
+    // A user's dataset USER/NAME keeps its '/' apart as '@' (no other character becomes one):
+    // the config's names hold no '/', and a user's fingerprint holds their uid.
     let safe: String = dataset
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || "-_.".contains(c) {
                 c
+            } else if c == '/' {
+                '@'
             } else {
                 '_'
             }
         })
         .collect();
     format!("{safe}-{fingerprint:016x}")
+}
+
+/// Makes `dir` (and its parents) readable by the daemon alone: the tier holds decoded samples
+/// of files other users may not read, whatever the umask the daemon was started with.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let mode = std::fs::metadata(dir)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
 }
 
 fn allocate(file: &File, size: u64) -> std::io::Result<()> {
@@ -760,9 +813,13 @@ fn checksum(index: u64, payload: &[u8]) -> u32 {
 }
 
 /// Records are read in shuffled order: no readahead, which would fill the page cache with the
-/// neighbours of every record read (tenfold the reads when the data does not fit in memory).
-fn random_access(map: &Mmap) {
+/// neighbours of every record read (tenfold the reads when the data does not fit in memory),
+/// through the mapping (index entries) or `pread` (records).
+fn random_access(map: &Mmap, file: &File) {
+    use std::os::fd::AsRawFd;
     let _ = map.advise(memmap2::Advice::Random);
+    // SAFETY: advice on a descriptor this tier holds open.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
 }
 
 #[cfg(test)]
