@@ -2,7 +2,7 @@
 and threads sampled every few seconds, every completed epoch checked for exactly once.
 
     PYTHONPATH=python .venv/bin/python benches/soak.py [--larderd target/release/larderd]
-        [--minutes 10] [--sample-seconds 2] [--dir DIR]
+        [--minutes 10] [--sample-seconds 0.5] [--stats-seconds 5] [--dir DIR]
 
 It writes four datasets under --dir (default: a temporary folder; about 20 s):
   - h5: HDF5, 5,000 uint8 images 3x64x64 (contiguous) and int64 labels, a [dataset.train]
@@ -39,6 +39,8 @@ least 15 s), samples once more ("idle") and prints a markdown summary and the ta
     of each window of a tenth of the run, at least 30 s) varies by at most 5% ((max - min) /
     min); single samples swing with the batches in flight and the allocator's free pages,
     which go back to the kernel within a second, while a leak moves the levels;
+  - memory bound: each level within the memory tier's budget + the rings' bytes (that window's
+    median) + 64 MiB;
   - memory ceiling: at every sample the daemon's anonymous memory is within the ceiling it
     reports (anonymous_ceiling_bytes: memory-tier budget + spare message buffer cap + buffers
     in flight + the allocator's free pages + 128 MiB, alloc::UNACCOUNTED_ALLOWANCE; a daemon that reports none fails);
@@ -405,7 +407,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--larderd", default=os.environ.get("LARDERD_BIN", "target/release/larderd"))
     p.add_argument("--minutes", type=float, default=10)
-    p.add_argument("--sample-seconds", type=float, default=2)
+    p.add_argument("--sample-seconds", type=float, default=0.5,
+                   help="how often the daemon's /proc status is read (the memory levels)")
+    p.add_argument("--stats-seconds", type=float, default=5,
+                   help="how often the daemon's GetStats is asked too, and a line printed")
     p.add_argument("--dir", help="where the data, config, scratch and logs go (default: a temporary folder)")
     p.add_argument("--client", help=argparse.SUPPRESS)
     p.add_argument("--socket", help=argparse.SUPPRESS)
@@ -462,6 +467,13 @@ def soak(args, root: pathlib.Path) -> int:
             return sum(1 for _ in scratch.rglob("shard-*.bin")) if scratch.exists() else 0
 
         samples = []
+        # Every reading of the daemon's /proc status while the clients run: the memory levels.
+        readings = []
+
+        def read_proc(t0: float) -> None:
+            s = {"t": time.monotonic() - t0}
+            s.update(proc_status(daemon.pid))
+            readings.append(s)
 
         def sample(phase: str, t0: float) -> dict:
             s = {"t": time.monotonic() - t0, "phase": phase}
@@ -517,7 +529,8 @@ def soak(args, root: pathlib.Path) -> int:
         victim = clients.spawn("victim")
         kill_at = time.monotonic() + rng.uniform(1, 4)
         kills = 0
-        next_sample = t0 + args.sample_seconds
+        next_sample = t0 + args.stats_seconds
+        next_reading = t0 + args.sample_seconds
         daemon_died = None
         while time.monotonic() < end_at:
             now = time.monotonic()
@@ -532,10 +545,13 @@ def soak(args, root: pathlib.Path) -> int:
                 victim.wait()
                 victim = clients.spawn("victim")
                 kill_at = now + rng.uniform(1, 4)
+            if now >= next_reading:
+                read_proc(t0)
+                next_reading += args.sample_seconds
             if now >= next_sample:
                 sample("run", t0)
-                next_sample += args.sample_seconds
-            time.sleep(max(0.0, min(0.1, end_at - time.monotonic())))
+                next_sample += args.stats_seconds
+            time.sleep(max(0.0, min(0.05, end_at - time.monotonic())))
         if victim.poll() is None:
             victim.kill()
             kills += 1
@@ -564,8 +580,8 @@ def soak(args, root: pathlib.Path) -> int:
 
         with clients.lock:
             events = list(clients.events)
-        return summarize(args, samples, start, end, idle, events, kills, hung, daemon, daemon_died,
-                         shards_end - shards_start, root)
+        return summarize(args, samples, readings, start, end, idle, events, kills, hung, daemon,
+                         daemon_died, shards_end - shards_start, root)
     finally:
         if clients is not None:
             clients.kill_all()
@@ -582,7 +598,7 @@ def soak(args, root: pathlib.Path) -> int:
         daemon_log.close()
 
 
-def summarize(args, samples, start, end, idle, events, kills, hung, daemon, daemon_died,
+def summarize(args, samples, readings, start, end, idle, events, kills, hung, daemon, daemon_died,
               new_shards, root) -> int:
     run = [s for s in samples if s["phase"] == "run"]
     run_seconds = args.minutes * 60
@@ -600,16 +616,26 @@ def summarize(args, samples, start, end, idle, events, kills, hung, daemon, daem
     # The victim's errors can only be from before its kill (it is killed mid-stream, reporting
     # nothing then); none is expected from any client.
     per_dataset = ", ".join(f"{d} {sum(1 for e in epochs if e['dataset'] == d)}" for d in SIZES)
-    anon = [s["RssAnon"] for s in later]
+    anon = [r["RssAnon"] for r in readings if r["t"] >= run_seconds / 3]
     raw_lo, raw_hi = (min(anon), max(anon)) if anon else (0, 0)
-    # The level of each window of a tenth of the run (at least 30 s): its median sample. Single
-    # samples swing with the batches in flight and the allocator's free pages, which go back
-    # to the kernel within a second; a leak moves the levels.
+    # The level of each window of a tenth of the run (at least 30 s): its median reading (one
+    # every --sample-seconds). Single readings swing with the batches in flight and the
+    # allocator's free pages, which go back to the kernel within a second; a leak moves the
+    # levels. (A reading every 5 s left the median of a minute's 12 readings about 3% off its
+    # window's level, as much as the target's room.)
     window = max(30.0, run_seconds / 10)
     levels = {}
-    for s in later:
+    for s in (r for r in readings if r["t"] >= run_seconds / 3):
         levels.setdefault(int((s["t"] - run_seconds / 3) // window), []).append(s["RssAnon"])
     medians = [sorted(v)[len(v) // 2] for _, v in sorted(levels.items())]
+    # The issue's bound on each level: the memory tier's budget + the rings' bytes (their
+    # median in that window) + 64 MiB.
+    rings_by_window = {}
+    for s in later:
+        rings_by_window.setdefault(int((s["t"] - run_seconds / 3) // window), []).append(s["shm_bytes"])
+    bounds = [MEMORY_BUDGET + sorted(rings_by_window.get(k, [0]))[len(rings_by_window.get(k, [0])) // 2] + 64 * MiB
+              for k, _ in sorted(levels.items())]
+    margins = [b - m for b, m in zip(bounds, medians)]
     lo, hi = (min(medians), max(medians)) if medians else (0, 0)
     spread = (hi - lo) / lo if lo else float("inf")
     every = [s for s in samples if s["phase"] != "start"] + [start]
@@ -630,6 +656,9 @@ def summarize(args, samples, start, end, idle, events, kills, hung, daemon, daem
         ("anonymous memory flat over the last two thirds (<= 5%)", len(medians) >= 2 and spread <= FLAT_LIMIT,
          f"levels {mib(lo)}-{mib(hi)} MiB, {spread * 100:.1f}% over {len(medians)} windows of {window:.0f} s "
          f"(samples {mib(raw_lo)}-{mib(raw_hi)} MiB)"),
+        ("anonymous memory level within the tier budget + rings + 64 MiB", bool(margins) and min(margins) >= 0,
+         f"margins {mib(min(margins)) if margins else 'n/a'} to {mib(max(margins)) if margins else 'n/a'} MiB "
+         f"over {len(margins)} windows (bounds {mib(min(bounds)) if bounds else 'n/a'}-{mib(max(bounds)) if bounds else 'n/a'} MiB)"),
         ("anonymous memory within the daemon's ceiling", has_ceiling and not over,
          ("the daemon reports no ceiling" if not has_ceiling else
           f"max {mib(max((s['anonymous_bytes'] or s['RssAnon']) for s in every))} MiB; ceiling "

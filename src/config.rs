@@ -488,7 +488,7 @@ fn default_crop_ratio() -> [f64; 2] {
     [3.0 / 4.0, 4.0 / 3.0]
 }
 fn default_message_buffers_bytes() -> usize {
-    64 << 20
+    32 << 20
 }
 fn default_prefetch_batches() -> usize {
     4

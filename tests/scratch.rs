@@ -530,3 +530,52 @@ fn check_epoch_ids(batches: &[Batch], n: u64) {
     ids.sort_unstable();
     assert_eq!(ids, (0..n).collect::<Vec<_>>());
 }
+
+/// Records read from a scratch tier the page cache does not hold, as a shuffled epoch reads
+/// them: through the mapping (a page fault, and a disk read, per 4 KiB: how the tier read
+/// before) against one `pread` per record (how it reads now). A measurement, printed: drops
+/// the page cache, so root only: `cargo test --release --test scratch -- --ignored
+/// --nocapture cold_scratch_reads`.
+#[test]
+#[ignore = "drops the page cache: needs root; a measurement"]
+fn cold_scratch_reads() {
+    use larder::tiers::scratch::{ScratchSpace, ScratchTier};
+    use std::time::Instant;
+    assert_eq!(unsafe { libc::geteuid() }, 0, "run as root");
+    // On the disk (not tmpfs): /var/tmp.
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let (n, size) = (1200u64, 262_144usize); // records of a 3x256x341 image
+    let space = ScratchSpace::open(dir.path(), None).unwrap();
+    let tier = ScratchTier::open(&space, "cold", 1, n, size as u64, 64 << 20).unwrap();
+    for i in 0..n {
+        assert!(tier.write(i, &vec![(i % 251) as u8; size]));
+    }
+    let drop_caches = || {
+        unsafe { libc::sync() };
+        std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    };
+    let mut order: Vec<u64> = (0..n).collect();
+    let mut x = 12345u64;
+    for k in (1..order.len()).rev() {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        order.swap(k, (x >> 33) as usize % (k + 1));
+    }
+    for round in 0..2 {
+        drop_caches();
+        let t = Instant::now();
+        for &i in &order {
+            assert!(tier.contains(i)); // the mapped path: checksum over the mapping
+        }
+        let mapped = n as f64 / t.elapsed().as_secs_f64();
+        drop_caches();
+        let t = Instant::now();
+        for &i in &order {
+            assert_eq!(tier.read(i).unwrap().len(), size);
+        }
+        let read = n as f64 / t.elapsed().as_secs_f64();
+        println!(
+            "round {round}: cold records of {size} bytes: mapped {mapped:.0}/s, one pread {read:.0}/s ({:.1}x)",
+            read / mapped
+        );
+    }
+}
