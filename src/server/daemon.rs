@@ -286,11 +286,29 @@ fn route_unix(
 }
 
 /// Frees message buffers left unused for `SPARE_IDLE`, and gives their memory back to the
-/// machine: an idle daemon holds none.
+/// machine (an idle daemon holds none); and every `alloc::PURGE_EVERY` gives back the pages
+/// the allocator holds freed (`$LARDER_PURGE_MS` sets the interval, 0 leaves it to the
+/// allocator's decay alone).
 async fn trim_idle_buffers(buffers: Arc<MessageBuffers>) {
-    let mut ticker = tokio::time::interval(SPARE_IDLE / 4);
+    let purge = match std::env::var("LARDER_PURGE_MS")
+        .ok()
+        .map(|v| v.parse::<u64>())
+    {
+        Some(Ok(0)) => None,
+        Some(Ok(ms)) => Some(Duration::from_millis(ms)),
+        _ => Some(crate::alloc::PURGE_EVERY),
+    };
+    let mut ticker = tokio::time::interval(purge.unwrap_or(SPARE_IDLE / 4));
+    let mut trimmed = std::time::Instant::now();
     loop {
         ticker.tick().await;
+        if purge.is_some() {
+            crate::alloc::give_back();
+        }
+        if trimmed.elapsed() < SPARE_IDLE / 4 {
+            continue;
+        }
+        trimmed = std::time::Instant::now();
         let before = buffers.bytes().0;
         buffers.trim(SPARE_IDLE);
         if buffers.bytes().0 < before {
