@@ -261,7 +261,7 @@ def test_a_user_adds_streams_and_removes_a_dataset_of_their_own(daemon, tmp_path
         assert e.value.code == grpc.StatusCode.ALREADY_EXISTS
         with pytest.raises(larder.LarderError) as e:
             c.add_dataset("other", tmp_path / "missing.h5")
-        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "missing.h5" in str(e)
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "missing.h5" in str(e.value)
         assert "other" not in str([d.name for d in c.datasets()]), "nothing kept of a failed add"
     with larder.Client(daemon.tcp) as c, pytest.raises(larder.LarderError) as e:
         c.add_dataset("tcp", tmp_path / "mine.h5")
