@@ -215,3 +215,25 @@ def test_len_is_the_batches_each_rank_gets(daemon, even, drop_last):
                                    even_batches=even, drop_last=drop_last)
         loader = DataLoader(ds, batch_size=None, num_workers=2)
         assert len(loader) == len(list(loader))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_workers_are_said_once_to_cost_a_copy(daemon, workers):
+    """A port that keeps its script's num_workers is told once what to change; the
+    recommended setup hears nothing."""
+    script = (
+        "import sys, warnings; warnings.simplefilter('default')\n"
+        "from torch.utils.data import DataLoader\n"
+        "from larder.torch import LarderIterableDataset\n"
+        f"ds = LarderIterableDataset('train', 8, address={daemon.unix!r})\n"
+        "for epoch in range(2):\n"
+        f"    n = sum(len(l) for _, l in DataLoader(ds, batch_size=None, num_workers={workers}, persistent_workers=False))\n"
+        "    assert n == 300, n\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYTHONPATH": str(REPO / "python")})
+    assert out.returncode == 0, out.stderr
+    said = out.stderr.count("is iterated in DataLoader workers")
+    assert said == (1 if workers else 0), out.stderr
+    if workers:
+        assert "num_workers=0" in out.stderr
