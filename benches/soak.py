@@ -261,9 +261,10 @@ def client_main(args) -> int:
                 dataset, transport = "clips", "bytes"
                 layout = "offsets" if stream_no % 2 else "padded"
             else:  # cancel
+                # A quarter of them on clips, as each dataset (6 of 24 cards).
                 dataset, transport, pipeline = deal("what", [
                     (d, t, p) for d in ("h5", "h5gz", "pics") for t in ("auto", "shm", "bytes") for p in ("eval", "train")
-                ] + [("clips", t, "eval") for t in ("auto", "bytes")])
+                ] + [("clips", t, "eval") for t in ("auto", "bytes")] * 3)
             what = dict(kind=kind, dataset=dataset, transport=transport, batch=batch,
                         pipeline=pipeline, layout=layout, seed=seed, epoch=epoch)
             started = time.monotonic()
@@ -472,8 +473,12 @@ def soak(args, root: pathlib.Path) -> int:
 
         def read_proc(t0: float) -> None:
             s = {"t": time.monotonic() - t0}
-            s.update(proc_status(daemon.pid))
-            readings.append(s)
+            try:
+                s.update(proc_status(daemon.pid))
+            except OSError:
+                return  # the daemon just died: the loop says so
+            if "RssAnon" in s:  # a zombie's status has none
+                readings.append(s)
 
         def sample(phase: str, t0: float) -> dict:
             s = {"t": time.monotonic() - t0, "phase": phase}
@@ -632,7 +637,8 @@ def summarize(args, samples, readings, start, end, idle, events, kills, hung, da
     # median in that window) + 64 MiB.
     rings_by_window = {}
     for s in later:
-        rings_by_window.setdefault(int((s["t"] - run_seconds / 3) // window), []).append(s["shm_bytes"])
+        if "stats_error" not in s:
+            rings_by_window.setdefault(int((s["t"] - run_seconds / 3) // window), []).append(s["shm_bytes"])
     bounds = [MEMORY_BUDGET + sorted(rings_by_window.get(k, [0]))[len(rings_by_window.get(k, [0])) // 2] + 64 * MiB
               for k, _ in sorted(levels.items())]
     margins = [b - m for b, m in zip(bounds, medians)]

@@ -53,20 +53,15 @@ impl Registry {
                     Ok(d) => d.datasets,
                     Err(e) => {
                         // Kept aside for the admin, not overwritten by the next add.
-                        let aside = path.with_extension(format!(
-                            "toml.unreadable-{}",
-                            std::time::SystemTime::now()
-                                .duration_since(std::time::UNIX_EPOCH)
-                                .map_or(0, |d| d.as_secs())
-                        ));
-                        let moved = std::fs::rename(&path, &aside);
-                        tracing::error!(file = %path.display(), aside = %aside.display(), moved = moved.is_ok(), "the added datasets do not parse, so none is served; the file is kept aside: {e}");
+                        let moved = std::fs::rename(&path, aside(&path));
+                        tracing::error!(file = %path.display(), moved = moved.is_ok(), "the added datasets do not parse, so none is served; the file is kept aside: {e}");
                         vec![]
                     }
                 },
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![],
                 Err(e) => {
-                    tracing::error!(file = %path.display(), "the added datasets do not read: {e}");
+                    let moved = std::fs::rename(&path, aside(&path));
+                    tracing::error!(file = %path.display(), moved = moved.is_ok(), "the added datasets do not read, so none is served; the file is kept aside: {e}");
                     vec![]
                 }
             },
@@ -98,21 +93,31 @@ impl Registry {
         self.lock().iter().find(|e| e.name == name).cloned()
     }
 
-    /// Adds `entry` (or replaces the owner's entry of that name) and writes the file.
-    /// `max_per_user`: most entries one owner may have.
-    pub fn put(&self, entry: Entry, max_per_user: u32) -> Result<(), Error> {
+    /// Adds `entry` in memory (`save` writes the file): Err if the name is taken and not
+    /// `replace`d, or another user's, or the owner has `max_per_user` entries. Returns the
+    /// entry it replaced.
+    pub fn put(
+        &self,
+        entry: Entry,
+        max_per_user: u32,
+        replace: bool,
+    ) -> Result<Option<Entry>, Error> {
         let mut entries = self.lock();
-        let mut next = entries.clone();
-        match next.iter_mut().find(|e| e.name == entry.name) {
-            Some(e) if e.owner != entry.owner => {
-                return Err(Error::new(
-                    Kind::Denied,
-                    format!("dataset {} belongs to another user", quote(&entry.name)),
-                ))
-            }
-            Some(e) => *e = entry,
+        match entries.iter_mut().find(|e| e.name == entry.name) {
+            Some(e) if e.owner != entry.owner => Err(Error::new(
+                Kind::Denied,
+                format!("dataset {} belongs to another user", quote(&entry.name)),
+            )),
+            Some(_) if !replace => Err(Error::new(
+                Kind::Exists,
+                format!(
+                    "dataset {} exists: remove it first (larder rm), or replace it",
+                    quote(&entry.name)
+                ),
+            )),
+            Some(e) => Ok(Some(std::mem::replace(e, entry))),
             None => {
-                let theirs = next.iter().filter(|e| e.owner == entry.owner).count();
+                let theirs = entries.iter().filter(|e| e.owner == entry.owner).count();
                 if theirs >= max_per_user as usize {
                     return Err(Error::new(
                         Kind::Exhausted,
@@ -122,12 +127,29 @@ impl Registry {
                         ),
                     ));
                 }
-                next.push(entry);
+                entries.push(entry);
+                Ok(None)
             }
         }
-        self.write(&next)?;
-        *entries = next;
-        Ok(())
+    }
+
+    /// Takes back `tried` (put by a call whose dataset did not open): the entry it replaced,
+    /// `before`, comes back, unless another call has put another entry of that name since.
+    pub fn restore(&self, tried: &Entry, before: Option<Entry>) {
+        let mut entries = self.lock();
+        let Some(at) = entries.iter().position(|e| e == tried) else {
+            return;
+        };
+        match before {
+            Some(b) => entries[at] = b,
+            None => drop(entries.remove(at)),
+        }
+    }
+
+    /// Writes the entries as they are to the state file.
+    pub fn save(&self) -> Result<(), Error> {
+        let entries = self.lock();
+        self.write(&entries)
     }
 
     /// Removes the entry `name` (its owner's, or anyone's for an admin) and writes the file.
@@ -209,6 +231,14 @@ impl Registry {
     }
 }
 
+/// Where a state file that does not read is kept for the admin: `datasets.toml.unreadable-TIME`.
+fn aside(path: &Path) -> PathBuf {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    path.with_extension(format!("toml.unreadable-{now}"))
+}
+
 /// The dataset table of `entry`, named and owned.
 pub fn parse(entry: &Entry) -> anyhow::Result<DatasetConfig> {
     let mut c = parse_table(&entry.name, &entry.table)?;
@@ -266,12 +296,21 @@ mod tests {
     fn entries_persist_belong_to_their_owner_and_are_bounded() {
         let dir = tempfile::tempdir().unwrap();
         let r = Registry::load(Some(dir.path()));
-        r.put(entry("alice/a", 1001), 2).unwrap();
-        r.put(entry("alice/b", 1001), 2).unwrap();
-        let e = r.put(entry("alice/c", 1001), 2).unwrap_err();
+        r.put(entry("alice/a", 1001), 2, false).unwrap();
+        r.put(entry("alice/b", 1001), 2, false).unwrap();
+        r.save().unwrap();
+        let e = r.put(entry("alice/c", 1001), 2, false).unwrap_err();
         assert_eq!(e.kind(), Kind::Exhausted);
-        let e = r.put(entry("alice/a", 1002), 2).unwrap_err();
+        let e = r.put(entry("alice/a", 1002), 2, true).unwrap_err();
         assert_eq!(e.kind(), Kind::Denied, "another user cannot replace it");
+        let e = r.put(entry("alice/a", 1001), 2, false).unwrap_err();
+        assert_eq!(e.kind(), Kind::Exists, "nor its owner without replace");
+        // A replacement that did not open gives the old entry back.
+        let mut tried = entry("alice/a", 1001);
+        tried.table = "path = \"/data/y.h5\"\n".into();
+        let before = r.put(tried.clone(), 2, true).unwrap();
+        r.restore(&tried, before);
+        assert_eq!(r.get("alice/a"), Some(entry("alice/a", 1001)));
         let e = r.remove("alice/a", 1002, false).unwrap_err();
         assert_eq!(
             e.kind(),

@@ -209,7 +209,8 @@ impl Grant {
         }
     }
 
-    fn grants(&self, id: &Identity) -> bool {
+    /// Whether this grant covers `id`.
+    pub fn grants(&self, id: &Identity) -> bool {
         match self {
             Grant::All => true,
             Grant::User(uid) => id.uid == *uid,

@@ -298,17 +298,20 @@ async fn trim_idle_buffers(buffers: Arc<MessageBuffers>) {
         Some(Ok(ms)) => Some(Duration::from_millis(ms)),
         _ => Some(crate::alloc::PURGE_EVERY),
     };
-    let mut ticker = tokio::time::interval(purge.unwrap_or(SPARE_IDLE / 4));
-    let mut trimmed = std::time::Instant::now();
+    let tick = purge.unwrap_or(SPARE_IDLE / 4);
+    let mut ticker = tokio::time::interval(tick);
+    // Ticks between two trims of the spare buffers.
+    let every = ((SPARE_IDLE / 4).as_millis() / tick.as_millis().max(1)).max(1) as u64;
+    let mut ticks = 0u64;
     loop {
         ticker.tick().await;
+        ticks += 1;
         if purge.is_some() {
             crate::alloc::give_back();
         }
-        if trimmed.elapsed() < SPARE_IDLE / 4 {
+        if !ticks.is_multiple_of(every) {
             continue;
         }
-        trimmed = std::time::Instant::now();
         let before = buffers.bytes().0;
         buffers.trim(SPARE_IDLE);
         if buffers.bytes().0 < before {

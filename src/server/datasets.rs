@@ -70,39 +70,42 @@ impl Datasets {
     }
 
     /// Adds (or, with `replace`, replaces) a user's dataset and opens it: Err with why when it
-    /// does not open, and then nothing is kept (a replaced one comes back as it was).
+    /// does not open, and then nothing is kept (a replaced one comes back as it was). Runs to
+    /// its end as a task of its own, so a client that goes away midway leaves nothing half
+    /// done; the state file is written only once the dataset has opened.
     pub async fn add(&self, entry: Entry, replace: bool) -> Result<Arc<Dataset>, Error> {
+        let this = self.clone();
+        tokio::spawn(async move { this.add_now(entry, replace).await })
+            .await
+            .map_err(|e| Error::new(Kind::Internal, format!("adding the dataset failed: {e}")))?
+    }
+
+    async fn add_now(&self, entry: Entry, replace: bool) -> Result<Arc<Dataset>, Error> {
         let name = entry.name.clone();
-        let before = self.registry.get(&name);
-        if before.is_some() && !replace {
-            return Err(Error::new(
-                Kind::Exists,
-                format!(
-                    "dataset {} exists: remove it first (larder rm), or replace it",
-                    quote(&name)
-                ),
-            ));
-        }
-        self.registry
-            .put(entry, self.limits.max_datasets_per_user)?;
+        let before =
+            self.registry
+                .put(entry.clone(), self.limits.max_datasets_per_user, replace)?;
         self.reconcile().await;
-        if let Some(ds) = self.catalog.get(&name) {
-            return Ok(ds);
-        }
-        let why = self
-            .catalog
-            .failed(&name)
-            .unwrap_or_else(|| "it did not open".into());
+        let failed = match self.catalog.get(&name) {
+            Some(ds) => match self.registry.save() {
+                Ok(()) => return Ok(ds),
+                Err(e) => e,
+            },
+            None => {
+                let why = self
+                    .catalog
+                    .failed(&name)
+                    .unwrap_or_else(|| "it did not open".into());
+                Error::new(
+                    Kind::Precondition,
+                    format!("dataset {} does not open: {why}", quote(&name)),
+                )
+            }
+        };
         // Back to what was there before the call.
-        match before {
-            Some(old) => self.registry.put(old, u32::MAX)?,
-            None => drop(self.registry.remove(&name, 0, true)),
-        }
+        self.registry.restore(&entry, before);
         self.reconcile().await;
-        Err(Error::new(
-            Kind::Precondition,
-            format!("dataset {} does not open: {why}", quote(&name)),
-        ))
+        Err(failed)
     }
 
     /// Removes a user's dataset (`by` its owner, or anyone's by an `admin`): open streams

@@ -147,6 +147,23 @@ impl Service {
             .is_some_and(|e| e.owner == id.uid)
     }
 
+    /// Whether `who` added dataset `name` or its `allow` grants them.
+    fn shared_with(&self, who: &Caller, name: &str) -> bool {
+        let Caller::Local(id) = who else {
+            return false;
+        };
+        let Some(entry) = self.datasets.registry().get(name) else {
+            return false;
+        };
+        entry.owner == id.uid
+            || crate::registry::parse(&entry).is_ok_and(|c| {
+                c.allow
+                    .iter()
+                    .filter_map(|g| crate::access::Grant::parse(g).ok())
+                    .any(|g| g.grants(id))
+            })
+    }
+
     /// The dataset a request names, if `who` may have it: checked afresh, as them.
     async fn admitted(&self, name: &str, who: &Caller) -> Result<Arc<Dataset>, Status> {
         let ds = self.dataset(name, who).await?;
@@ -159,8 +176,9 @@ impl Service {
     /// to root and the daemon's own user only; others are told to ask them.
     fn named(&self, name: &str, who: &Caller) -> Result<Arc<Dataset>, Status> {
         self.catalog.get(name).ok_or_else(|| {
-            // Whether another user's dataset exists, opens or fails is theirs to know.
-            let hidden = name.contains('/') && !(who.is_admin() || self.owns(who, name));
+            // Whether another user's dataset exists, opens or fails is for them, and those
+            // they share it with, to know.
+            let hidden = name.contains('/') && !(who.is_admin() || self.shared_with(who, name));
             if let Some(found) = self.catalog.opening(name).filter(|_| !hidden) {
                 let progress = match found {
                     0 => String::new(),
@@ -169,7 +187,7 @@ impl Service {
                 return Error::new(
                     Kind::Opening,
                     format!(
-                        "dataset {} is being opened (the daemon just started{progress}); retry                          shortly",
+                        "dataset {} is being opened (the daemon just started{progress}); retry shortly",
                         quote(name)
                     ),
                 )

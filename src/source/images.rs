@@ -314,7 +314,7 @@ fn paired_files(dir: &Path, field: &str, rels: &[PathBuf]) -> Result<Vec<PathBuf
         entries += listed.len();
         ensure!(
             entries <= most,
-            "field {field:?}: {} holds over {most} entries for {} samples; name the folder of              this field's files",
+            "field {field:?}: {} holds over {most} entries for {} samples; name the folder of this field's files",
             dir.display(),
             rels.len()
         );

@@ -53,10 +53,16 @@ pub fn with_progress<T>(
     found: &std::sync::Arc<std::sync::atomic::AtomicU64>,
     open: impl FnOnce() -> T,
 ) -> T {
+    /// Clears the thread's counter however the open ends (a panic included).
+    struct Clear;
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            PROGRESS.with(|p| *p.borrow_mut() = None);
+        }
+    }
     PROGRESS.with(|p| *p.borrow_mut() = Some(found.clone()));
-    let out = open();
-    PROGRESS.with(|p| *p.borrow_mut() = None);
-    out
+    let _clear = Clear;
+    open()
 }
 
 /// Notes `n` more files found by the open running on this thread.
