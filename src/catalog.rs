@@ -343,7 +343,12 @@ impl Catalog {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             let found = Arc::new(std::sync::atomic::AtomicU64::new(0));
             self.write().progress.insert(c.name.clone(), found.clone());
-            let opened = crate::source::with_progress(&found, || open_dataset(id, c, limits));
+            // A panic in a source's open (a parser's bug on a file a user wrote) is that
+            // dataset's failure, not every dataset's after it.
+            let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                crate::source::with_progress(&found, || open_dataset(id, c, limits))
+            }))
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("opening it failed (a panic; see the log)")));
             self.write().progress.remove(&c.name);
             match opened {
                 Ok(ds) => {

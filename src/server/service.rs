@@ -324,6 +324,19 @@ impl Service {
     }
 }
 
+/// The identity of a caller on the Unix socket: datasets are `what` (added, removed) only
+/// there; TCP has no identity.
+fn local<'a>(who: &'a Caller, what: &str) -> Result<&'a Arc<crate::access::Identity>, Status> {
+    match who {
+        Caller::Local(id) => Ok(id),
+        Caller::Tcp => Err(Error::new(
+            Kind::Denied,
+            format!("datasets are {what} over the daemon's Unix socket (TCP has no identity)"),
+        )
+        .into()),
+    }
+}
+
 type BatchStream = Pin<Box<dyn Stream<Item = Result<Batch, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -397,13 +410,7 @@ impl Larder for Service {
         request: Request<AddDatasetRequest>,
     ) -> Result<Response<AddDatasetResponse>, Status> {
         let who = Caller::of(&request);
-        let Caller::Local(id) = &who else {
-            return Err(Error::new(
-                Kind::Denied,
-                "datasets are added over the daemon's Unix socket (TCP has no identity)",
-            )
-            .into());
-        };
+        let id = local(&who, "added")?;
         let r = request.into_inner();
         if r.table.len() > crate::registry::MAX_TABLE_BYTES {
             return Err(bad_request(format!(
@@ -439,13 +446,7 @@ impl Larder for Service {
         request: Request<RemoveDatasetRequest>,
     ) -> Result<Response<RemoveDatasetResponse>, Status> {
         let who = Caller::of(&request);
-        let Caller::Local(id) = &who else {
-            return Err(Error::new(
-                Kind::Denied,
-                "datasets are removed over the daemon's Unix socket (TCP has no identity)",
-            )
-            .into());
-        };
+        let id = local(&who, "removed")?;
         let name = request.into_inner().name;
         self.datasets.remove(&name, id.uid, who.is_admin()).await?;
         tracing::info!(dataset = %name, caller = %who.describe(), "dataset removed");

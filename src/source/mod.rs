@@ -121,11 +121,6 @@ pub trait RawSource: Send + Sync {
     /// The file or folder the source is: its status-change time stamps access checks (a chmod
     /// or chown of it changes that time, and no user can set it).
     fn root(&self) -> &Path;
-    /// The user whose rights the files are read with (a dataset a user added), if not the
-    /// daemon's.
-    fn owner(&self) -> Option<u32> {
-        None
-    }
 
     fn is_empty(&self) -> bool {
         self.len() == 0

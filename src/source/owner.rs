@@ -107,8 +107,4 @@ impl RawSource for AsOwner {
     fn root(&self) -> &Path {
         self.inner.root()
     }
-
-    fn owner(&self) -> Option<u32> {
-        Some(self.owner.uid)
-    }
 }
