@@ -70,6 +70,11 @@ pub struct MemoryConfig {
     /// are freed when unused for 10 s and first when the machine runs short.
     #[serde(default = "default_message_buffers_bytes")]
     pub message_buffers_bytes: usize,
+    /// Which sample the tier lets go: "next_use" (the soonest any open stream reads it next,
+    /// weighed by bytes; the default) or "stale_lru" (the fixed working set of earlier rounds,
+    /// kept to compare).
+    #[serde(default)]
+    pub policy: crate::tiers::memory::PolicyName,
 }
 
 impl Default for MemoryConfig {
@@ -81,6 +86,7 @@ impl Default for MemoryConfig {
             min_available_bytes: None,
             watch_interval_ms: default_watch_interval_ms(),
             message_buffers_bytes: default_message_buffers_bytes(),
+            policy: Default::default(),
         }
     }
 }

@@ -211,6 +211,20 @@ impl Plan {
         (self.samples.len() - self.bounds[self.start_batch as usize]) as u64
     }
 
+    /// Samples in the epoch's order.
+    pub fn num_samples(&self) -> u64 {
+        self.num_samples
+    }
+
+    /// Where the stream starts in the epoch's order: the positions before it, in its share, it
+    /// will not read this epoch.
+    pub fn start_position(&self) -> u64 {
+        match self.steps.get(self.start_batch as usize) {
+            Some(&step) => (self.start_sample + step * self.round).min(self.num_samples),
+            None => self.num_samples,
+        }
+    }
+
     /// Where the job stands in the epoch's order once every rank has taken the step of batch
     /// `b`: the `start_sample` that resumes right after it.
     pub fn resume_sample(&self, b: u64) -> u64 {

@@ -8,6 +8,7 @@
 use crate::metrics::Metrics;
 use crate::peer::Peer;
 use crate::sampler::Plan;
+use crate::tiers::future::OrderKey;
 use crate::tiers::memory::MemoryTier;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -29,6 +30,7 @@ pub struct StreamSpec {
     pub batch_size: u32,
     pub seed: u64,
     pub epoch: u64,
+    pub shuffle: bool,
     pub rank: u32,
     pub world_size: u32,
     /// Delivered in a shared-memory ring (else in the messages).
@@ -111,6 +113,16 @@ impl Streams {
             bytes: AtomicU64::new(0),
             stall_nanos: AtomicU64::new(0),
         });
+        // Its future, to the memory tier's policy, before it reads anything.
+        let plan = &state.spec.plan;
+        let order = OrderKey {
+            dataset: state.spec.dataset_id,
+            num_samples: plan.num_samples(),
+            seed: state.spec.seed,
+            epoch: state.spec.epoch,
+            shuffle: state.spec.shuffle,
+        };
+        self.memory.stream_opened(id, order, plan.start_position());
         let mut open = self.lock();
         open.insert(id, state.clone());
         // Told under the lock, so the last hint is the latest sum.
@@ -189,6 +201,29 @@ impl StreamHandle {
     pub fn snapshot(&self) -> StreamSnapshot {
         self.state.snapshot()
     }
+
+    /// What the stream's producer tells the memory tier's policy as it reads ahead.
+    pub fn cursor(&self) -> Cursor {
+        Cursor {
+            memory: self.streams.memory.clone(),
+            id: self.state.id,
+        }
+    }
+}
+
+/// Where a stream reads: its producer reports each batch as it starts reading it, so the
+/// memory tier's policy knows where the stream is in its order and how fast it goes.
+#[derive(Clone)]
+pub struct Cursor {
+    memory: Arc<MemoryTier>,
+    id: u64,
+}
+
+impl Cursor {
+    /// The stream starts reading batch `b` of `plan`.
+    pub fn reading(&self, plan: &Plan, b: u64) {
+        self.memory.stream_at(self.id, plan.resume_sample(b));
+    }
 }
 
 impl Drop for StreamHandle {
@@ -199,6 +234,8 @@ impl Drop for StreamHandle {
         streams.lock().remove(&self.state.id);
         streams.metrics.stream_closed();
         let s = self.state.snapshot();
+        let finished = s.next_batch >= s.spec.plan.num_batches;
+        streams.memory.stream_closed(s.id, finished);
         let (open, stalled) = (s.open.as_secs_f64(), s.stalled.as_secs_f64());
         tracing::info!(
             stream = %s.spec.name(),
@@ -227,6 +264,7 @@ mod tests {
             batch_size: 10,
             seed: 0,
             epoch: 0,
+            shuffle: false,
             rank: 0,
             world_size: 1,
             shm: false,

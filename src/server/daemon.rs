@@ -64,7 +64,7 @@ impl Daemon {
 
         let metrics = Arc::new(Metrics::default());
         metrics.set_machine_available(sys.available_memory());
-        let memory = Arc::new(MemoryTier::new(budget));
+        let memory = Arc::new(MemoryTier::named(budget, config.memory.policy));
         let workers = config
             .preprocess_workers
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
@@ -98,6 +98,11 @@ impl Daemon {
             release,
         ));
         let trimmer = tokio::spawn(trim_idle_buffers(buffers.clone()));
+        // Every lookup recorded, for a benchmark that asked (see tiers/trace.rs).
+        if let Some(path) = std::env::var_os("LARDER_TRACE") {
+            store.trace_to(crate::tiers::trace::Trace::create(path.as_ref())?);
+            tracing::info!(path = ?path, "recording every memory-tier lookup");
+        }
         let catalog = Arc::new(catalog);
         let (shutdown, shutdown_rx) = shutdown::channel();
         tracing::info!(
@@ -198,6 +203,7 @@ impl Daemon {
         self.watcher.abort();
         self.trimmer.abort();
         self.keeper.abort();
+        self.store.flush_trace();
         if let Some(p) = &self.unix_socket {
             let _ = std::fs::remove_file(p);
         }

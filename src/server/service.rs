@@ -560,6 +560,7 @@ impl Larder for Service {
             batch_size: req.batch_size,
             seed: req.seed,
             epoch: req.epoch,
+            shuffle: !req.sequential,
             rank: req.rank,
             world_size: req.world_size,
             shm: ring.is_some(),
@@ -577,6 +578,7 @@ impl Larder for Service {
             shutdown: self.shutdown.clone(),
             who,
             catalog: self.catalog.clone(),
+            cursor: handle.cursor(),
         };
         tokio::spawn(producer.run(tx));
         let metered = MeteredStream::new(rx, handle);

@@ -134,6 +134,8 @@ pub struct Producer {
     /// may have taken one away), and a stream whose caller lost it ends with PERMISSION_DENIED.
     pub who: Caller,
     pub catalog: Arc<crate::catalog::Catalog>,
+    /// Tells the memory tier's policy which batch the stream reads.
+    pub cursor: crate::streams::Cursor,
 }
 
 impl Producer {
@@ -150,6 +152,7 @@ impl Producer {
             mut shutdown,
             who,
             catalog,
+            cursor,
         } = self;
         let mut checked = Instant::now();
         // The ring is this stream's until it ends (a previous stream on it must stop first).
@@ -161,8 +164,11 @@ impl Producer {
         let mut batches = futures::stream::iter(plan.start_batch..plan.num_batches)
             .map(|b| {
                 let (store, ds, plan, sel) = (store.clone(), ds.clone(), plan.clone(), sel.clone());
-                let (ring, buffers) = (ring.clone(), buffers.clone());
-                async move { assemble(&store, &ds, &plan, &sel, b, ring.as_ref(), &buffers).await }
+                let (ring, buffers, cursor) = (ring.clone(), buffers.clone(), cursor.clone());
+                async move {
+                    cursor.reading(&plan, b);
+                    assemble(&store, &ds, &plan, &sel, b, ring.as_ref(), &buffers).await
+                }
             })
             .buffered(prefetch);
         loop {
@@ -562,6 +568,7 @@ mod tests {
             batch_size: 1,
             seed: 0,
             epoch: 0,
+            shuffle: false,
             rank: 0,
             world_size: 1,
             shm: false,

@@ -1,8 +1,11 @@
 //! The memory tier: preprocessed samples within a byte budget, shared by all clients, and a
 //! watcher that gives memory back when the machine runs short. Which sample it lets go, and
-//! whether a newcomer comes in, is its eviction policy's (`eviction/`; today's is `StaleLru`).
+//! whether a newcomer comes in, is its eviction policy's (`eviction/`; `NextUse` by default),
+//! which hears every open stream's future through it (`stream_opened`, `stream_at`,
+//! `stream_closed`).
 
-use super::eviction::{Eviction, StaleLru};
+use super::eviction::{Eviction, NextUse, Size, StaleLru};
+use super::future::{OrderKey, Orders, StreamEvent};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -41,6 +44,19 @@ struct Inner {
 
 pub struct MemoryTier {
     inner: Mutex<Inner>,
+    /// The orders the open streams read, made outside the tier's lock.
+    pub(crate) orders: Orders,
+}
+
+/// Which eviction policy a tier runs (`[memory] policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyName {
+    /// Next use across the open streams, in bytes (`eviction::NextUse`).
+    #[default]
+    NextUse,
+    /// The fixed working set of the rounds before (`eviction::StaleLru`).
+    StaleLru,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -53,6 +69,8 @@ pub struct MemorySnapshot {
     pub disk_bytes: u64,
     pub declined: u64,
     pub evicted: u64,
+    /// Bytes of the policy's own bookkeeping beyond the entries (the streams' futures).
+    pub policy_bytes: u64,
 }
 
 pub fn entry_cost(data: &Bytes) -> u64 {
@@ -62,7 +80,21 @@ pub fn entry_cost(data: &Bytes) -> u64 {
 impl MemoryTier {
     /// A tier of `budget` bytes with the default policy.
     pub fn new(budget: u64) -> MemoryTier {
-        MemoryTier::with_policy(budget, Box::new(StaleLru::new()))
+        MemoryTier::named(budget, PolicyName::default())
+    }
+
+    /// A tier of `budget` bytes with the policy `name`.
+    pub fn named(budget: u64, name: PolicyName) -> MemoryTier {
+        let policy: Box<dyn Eviction> = match name {
+            PolicyName::NextUse => Box::new(NextUse::new()),
+            PolicyName::StaleLru => Box::new(StaleLru::new()),
+        };
+        MemoryTier::with_policy(budget, policy)
+    }
+
+    /// A tier of `budget` bytes with the stale-LRU policy.
+    pub fn stale_lru(budget: u64) -> MemoryTier {
+        MemoryTier::named(budget, PolicyName::StaleLru)
     }
 
     pub fn with_policy(budget: u64, policy: Box<dyn Eviction>) -> MemoryTier {
@@ -78,6 +110,7 @@ impl MemoryTier {
                 declined: 0,
                 evicted: 0,
             }),
+            orders: Orders::default(),
         }
     }
 
@@ -113,9 +146,13 @@ impl MemoryTier {
             inner.declined += 1;
             return false;
         }
+        let size = Size {
+            bytes: cost,
+            miss_bytes: disk,
+        };
         while inner.bytes + cost > inner.limit {
             let now = inner.clock;
-            match inner.policy.victim_for_newcomer(now) {
+            match inner.policy.victim_for_newcomer(&key, size, now) {
                 Some(victim) => inner.remove(&victim),
                 None => {
                     inner.declined += 1;
@@ -127,7 +164,7 @@ impl MemoryTier {
         inner.bytes += cost;
         inner.disk_bytes += disk;
         inner.entries.insert(key, Entry { data, disk });
-        inner.policy.on_insert(key, now);
+        inner.policy.on_insert(key, size, now);
         true
     }
 
@@ -136,13 +173,45 @@ impl MemoryTier {
         self.lock().policy.set_streaming_samples(samples);
     }
 
+    /// Stream `id` opened: it reads the order `key` from `position` on. Streams that report no
+    /// future (an order too long to keep) are as if not open to the policy.
+    pub fn stream_opened(&self, id: u64, key: OrderKey, position: u64) {
+        let (Some(order), Some(next)) = (self.orders.get(key), self.orders.get(key.next())) else {
+            return;
+        };
+        let event = StreamEvent::Opened {
+            id,
+            order,
+            next,
+            position,
+        };
+        self.tell(event);
+    }
+
+    /// Stream `id` is reading its order up to `position`.
+    pub fn stream_at(&self, id: u64, position: u64) {
+        self.tell(StreamEvent::At { id, position });
+    }
+
+    /// Stream `id` ended, having read its whole epoch or not.
+    pub fn stream_closed(&self, id: u64, finished: bool) {
+        self.tell(StreamEvent::Closed { id, finished });
+    }
+
+    fn tell(&self, event: StreamEvent) {
+        let mut inner = self.lock();
+        let now = inner.clock;
+        inner.policy.on_stream(event, now);
+    }
+
     /// Lowers (or restores, up to the budget) the byte limit, evicting at the policy's word
     /// until the tier fits.
     pub fn set_limit(&self, limit: u64) {
         let mut inner = self.lock();
         inner.limit = limit.min(inner.budget);
         while inner.bytes > inner.limit {
-            match inner.policy.victim() {
+            let now = inner.clock;
+            match inner.policy.victim(now) {
                 Some(victim) => inner.remove(&victim),
                 None => break,
             }
@@ -159,6 +228,7 @@ impl MemoryTier {
             disk_bytes: inner.disk_bytes,
             declined: inner.declined,
             evicted: inner.evicted,
+            policy_bytes: inner.policy.extra_bytes() as u64,
         }
     }
 }

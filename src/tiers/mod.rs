@@ -4,6 +4,8 @@
 //! source, filling them on the way.
 
 pub mod eviction;
+pub mod future;
 pub mod memory;
 pub mod scratch;
 pub mod store;
+pub mod trace;

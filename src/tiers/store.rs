@@ -10,6 +10,7 @@ use crate::metrics::{Metrics, Tier};
 use crate::source::RawSample;
 use crate::tiers::memory::{Key, MemorySnapshot, MemoryTier};
 use crate::tiers::scratch::{ScratchSnapshot, ScratchSpace, ScratchTier};
+use crate::tiers::trace::{Outcome, Trace};
 use crate::workers::Workers;
 use anyhow::{anyhow, Context, Result};
 use bytes::Bytes;
@@ -36,6 +37,8 @@ pub struct Store {
     /// Striped by (dataset, granule): one worker reads a granule from raw storage while the
     /// others that need it wait, then find their samples in the scratch tier.
     granule_locks: Arc<[Mutex<()>]>,
+    /// Every lookup, when a benchmark asked for it (`LARDER_TRACE`).
+    trace: std::sync::OnceLock<Trace>,
 }
 
 const GRANULE_LOCKS: usize = 64;
@@ -58,7 +61,26 @@ impl Store {
             inflight: Mutex::new(HashMap::new()),
             workers: Arc::new(Workers::new(workers).context("starting the preprocessing threads")?),
             granule_locks: (0..GRANULE_LOCKS).map(|_| Mutex::new(())).collect(),
+            trace: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Records every lookup in `trace` from now on.
+    pub fn trace_to(&self, trace: Trace) {
+        let _ = self.trace.set(trace);
+    }
+
+    /// Writes out the lookups recorded so far.
+    pub fn flush_trace(&self) {
+        if let Some(t) = self.trace.get() {
+            t.flush();
+        }
+    }
+
+    fn traced(&self, key: Key, outcome: Outcome) {
+        if let Some(t) = self.trace.get() {
+            t.record(key, outcome);
+        }
     }
 
     /// Opens the scratch shards of `ds` (if the scratch tier is on): the store serves it now.
@@ -141,6 +163,7 @@ impl Store {
         let key = (ds.id, index);
         if let Some(data) = self.memory.get(&key) {
             self.metrics.record_hit(Tier::Memory, data.len() as u64);
+            self.traced(key, Outcome::Hit);
             return Ok(Some(data));
         }
         if ds.is_bad(index) {
@@ -151,6 +174,7 @@ impl Store {
             match inflight.get(&key) {
                 Some(f) => {
                     self.metrics.record_coalesced();
+                    self.traced(key, Outcome::Joined);
                     f.clone()
                 }
                 None => {
@@ -158,8 +182,10 @@ impl Store {
                     // the memory tier before leaving `inflight`: look again.
                     if let Some(data) = self.memory.peek(&key) {
                         self.metrics.record_hit(Tier::Memory, data.len() as u64);
+                        self.traced(key, Outcome::Hit);
                         return Ok(Some(data));
                     }
+                    self.traced(key, Outcome::Miss);
                     // The fetch runs as its own task: it finishes (and fills the tiers) even if
                     // every client waiting on it goes away, so a preprocessing job already queued
                     // is never done for nothing.

@@ -7,7 +7,7 @@
 //! entries of a dataset nobody reads any more go stale and make room. With no stream open it is
 //! a plain LRU.
 
-use super::Eviction;
+use super::{Eviction, Size};
 use crate::tiers::memory::Key;
 use lru::LruCache;
 
@@ -40,16 +40,16 @@ impl Eviction for StaleLru {
         }
     }
 
-    fn on_insert(&mut self, key: Key, clock: u64) {
+    fn on_insert(&mut self, key: Key, _size: Size, clock: u64) {
         self.order.put(key, clock);
     }
 
-    fn victim_for_newcomer(&mut self, clock: u64) -> Option<Key> {
+    fn victim_for_newcomer(&mut self, _newcomer: &Key, _size: Size, clock: u64) -> Option<Key> {
         let (&key, &last) = self.order.peek_lru()?;
         (clock.saturating_sub(last) > self.stale_after).then_some(key)
     }
 
-    fn victim(&mut self) -> Option<Key> {
+    fn victim(&mut self, _clock: u64) -> Option<Key> {
         self.order.peek_lru().map(|(&k, _)| k)
     }
 
@@ -74,7 +74,7 @@ mod tests {
 
     #[test]
     fn plain_lru_when_no_stream_is_open() {
-        let tier = MemoryTier::new(2 * (10 + ENTRY_OVERHEAD));
+        let tier = MemoryTier::stale_lru(2 * (10 + ENTRY_OVERHEAD));
         tier.insert((0, 1), sample(10), 1);
         tier.insert((0, 2), sample(10), 1);
         assert!(tier.get(&(0, 1)).is_some());
@@ -88,7 +88,7 @@ mod tests {
 
     #[test]
     fn keeps_recently_used_entries_and_declines_newcomers() {
-        let tier = MemoryTier::new(2 * (10 + ENTRY_OVERHEAD));
+        let tier = MemoryTier::stale_lru(2 * (10 + ENTRY_OVERHEAD));
         tier.set_streaming_samples(50); // stale after 100 lookups
         tier.insert((0, 1), sample(10), 1);
         tier.insert((0, 2), sample(10), 1);
@@ -106,7 +106,7 @@ mod tests {
     /// The design note's simulation: 20,000 samples, a cache of half of them, shuffled epochs.
     fn hit_rate(streaming: u64) -> f64 {
         let n = 20_000u64;
-        let tier = MemoryTier::new((n / 2) * (1 + ENTRY_OVERHEAD));
+        let tier = MemoryTier::stale_lru((n / 2) * (1 + ENTRY_OVERHEAD));
         tier.set_streaming_samples(streaming);
         let (mut hits, mut lookups) = (0u64, 0u64);
         for epoch in 0..4 {

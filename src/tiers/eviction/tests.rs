@@ -1,6 +1,6 @@
 //! What every eviction policy must do, run against each (add a new policy to `policies`).
 
-use super::{Eviction, StaleLru};
+use super::{Eviction, NextUse, StaleLru};
 use crate::tiers::memory::{MemoryTier, ENTRY_OVERHEAD};
 use bytes::Bytes;
 
@@ -8,7 +8,10 @@ use bytes::Bytes;
 type Policy = (&'static str, fn() -> Box<dyn Eviction>);
 
 fn policies() -> Vec<Policy> {
-    vec![("stale_lru", || Box::new(StaleLru::new()))]
+    vec![
+        ("stale_lru", || Box::new(StaleLru::new())),
+        ("next_use", || Box::new(NextUse::new())),
+    ]
 }
 
 fn sample(n: usize) -> Bytes {

@@ -1,0 +1,186 @@
+//! What the open streams will read. A stream reads one epoch's order of its dataset, a pure
+//! function of (dataset size, seed, epoch, shuffle), from a position on; the epoch after it
+//! (same seed, epoch + 1) is known as well. An `Order` answers, for a sample, where it comes in
+//! that order (the inverse permutation), which is all a next-use policy needs: the stream's
+//! position and speed give the time. Every stream on one order (a job's ranks and workers,
+//! jobs of a grid search on one seed) shares one `Order`, made once (`Orders`).
+
+use crate::sampler::epoch_order;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+/// Which order: of which dataset, over how many samples, from which seed and epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OrderKey {
+    pub dataset: u32,
+    pub num_samples: u64,
+    pub seed: u64,
+    pub epoch: u64,
+    pub shuffle: bool,
+}
+
+impl OrderKey {
+    /// The order of the epoch after this one.
+    pub fn next(&self) -> OrderKey {
+        OrderKey {
+            epoch: self.epoch.wrapping_add(1),
+            ..*self
+        }
+    }
+}
+
+/// One epoch's order, seen from the sample.
+#[derive(Debug)]
+pub struct Order {
+    pub key: OrderKey,
+    /// `position[s]`: where sample s comes in the order; None for the identity (no shuffle).
+    position: Option<Box<[u32]>>,
+}
+
+impl Order {
+    /// The order `key` names; None when it is too long to keep (more than 2^32 - 1 samples,
+    /// shuffled): a stream on it publishes no future.
+    pub fn new(key: OrderKey) -> Option<Order> {
+        if !key.shuffle {
+            return Some(Order {
+                key,
+                position: None,
+            });
+        }
+        if key.num_samples >= u32::MAX as u64 {
+            return None;
+        }
+        let order = epoch_order(key.num_samples, key.seed, key.epoch, true);
+        let mut position = vec![0u32; order.len()].into_boxed_slice();
+        for (p, &s) in order.iter().enumerate() {
+            position[s as usize] = p as u32;
+        }
+        Some(Order {
+            key,
+            position: Some(position),
+        })
+    }
+
+    /// Samples in the order.
+    pub fn len(&self) -> u64 {
+        self.key.num_samples
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.key.num_samples == 0
+    }
+
+    /// Where `sample` comes in the order (None if the dataset has no such sample).
+    #[inline]
+    pub fn position(&self, sample: u64) -> Option<u64> {
+        if sample >= self.key.num_samples {
+            return None;
+        }
+        Some(match &self.position {
+            Some(p) => p[sample as usize] as u64,
+            None => sample,
+        })
+    }
+
+    /// Bytes it takes.
+    pub fn bytes(&self) -> usize {
+        std::mem::size_of::<Order>() + self.position.as_ref().map_or(0, |p| p.len() * 4)
+    }
+}
+
+/// The orders streams read, each made once while any stream holds it.
+#[derive(Default)]
+pub struct Orders {
+    made: Mutex<HashMap<OrderKey, Weak<Order>>>,
+}
+
+impl Orders {
+    /// The order `key` names, shared with every stream already on it. Made outside the lock
+    /// (an order of a million samples takes some milliseconds).
+    pub fn get(&self, key: OrderKey) -> Option<Arc<Order>> {
+        if let Some(order) = self.lock().get(&key).and_then(Weak::upgrade) {
+            return Some(order);
+        }
+        let order = Arc::new(Order::new(key)?);
+        let mut made = self.lock();
+        // Another stream may have made it meanwhile: keep one.
+        if let Some(other) = made.get(&key).and_then(Weak::upgrade) {
+            return Some(other);
+        }
+        made.retain(|_, o| o.strong_count() > 0);
+        made.insert(key, Arc::downgrade(&order));
+        Some(order)
+    }
+
+    /// Orders some stream still holds.
+    pub fn live(&self) -> usize {
+        self.lock()
+            .values()
+            .filter(|o| o.strong_count() > 0)
+            .count()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<OrderKey, Weak<Order>>> {
+        self.made.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What happened to a stream, as the memory tier's policy hears it.
+#[derive(Debug, Clone)]
+pub enum StreamEvent {
+    /// Stream `id` opened: it reads `order` from `position` on, then (if its job goes on)
+    /// `next`.
+    Opened {
+        id: u64,
+        order: Arc<Order>,
+        next: Arc<Order>,
+        position: u64,
+    },
+    /// Stream `id` is reading its order up to `position` (every sample before it, in its share,
+    /// is read or being read).
+    At { id: u64, position: u64 },
+    /// Stream `id` ended: having read its whole epoch (`finished`: its job usually opens the
+    /// next epoch at once), or cut short (its client went away: its future is gone).
+    Closed { id: u64, finished: bool },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(seed: u64, epoch: u64, shuffle: bool) -> OrderKey {
+        OrderKey {
+            dataset: 1,
+            num_samples: 1000,
+            seed,
+            epoch,
+            shuffle,
+        }
+    }
+
+    #[test]
+    fn an_order_is_the_inverse_of_the_epochs_permutation() {
+        let order = Order::new(key(7, 3, true)).unwrap();
+        for (p, s) in epoch_order(1000, 7, 3, true).into_iter().enumerate() {
+            assert_eq!(order.position(s), Some(p as u64));
+        }
+        assert_eq!(order.position(1000), None);
+        let plain = Order::new(key(7, 3, false)).unwrap();
+        assert_eq!(plain.position(17), Some(17));
+        assert_eq!(key(7, 3, true).next(), key(7, 4, true));
+    }
+
+    #[test]
+    fn streams_on_one_order_share_it_and_it_goes_with_the_last() {
+        let orders = Orders::default();
+        let a = orders.get(key(1, 0, true)).unwrap();
+        let b = orders.get(key(1, 0, true)).unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        let c = orders.get(key(2, 0, true)).unwrap();
+        assert_eq!(orders.live(), 2);
+        drop((a, b));
+        assert_eq!(orders.live(), 1);
+        drop(c);
+        assert_eq!(orders.live(), 0);
+    }
+}
