@@ -367,6 +367,12 @@ def start_daemon(args, root: pathlib.Path, tag: str, config: str, trace=None):
     return daemon, address_file.read_text().strip(), log
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far (/proc/PID/stat)."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stop_daemon(daemon: subprocess.Popen, tag: str, log: pathlib.Path) -> None:
     """SIGTERM, and a normal exit (which flushes the trace), or the bench fails."""
     if daemon.poll() is None:
@@ -502,7 +508,9 @@ def run_one(args, root, h5, entry_cost, jobs, share, one_seed, policy) -> dict:
             st = client.stats()
         stats = {f: getattr(st, f) for f in ("memory_entries", "memory_bytes", "memory_budget_bytes",
                                              "hit_rate", "coalesced_fetches", "admissions_declined",
-                                             "samples_served")}
+                                             "samples_served", "memory_policy_seconds",
+                                             "memory_policy_bytes")}
+        stats["daemon_cpu_seconds"] = cpu_seconds(daemon.pid)
     finally:
         stop_daemon(daemon, tag, log)
     if not trace_path.exists():
@@ -530,6 +538,11 @@ def run_one(args, root, h5, entry_cost, jobs, share, one_seed, policy) -> dict:
     return result
 
 
+def policy_share(stats: dict) -> str:
+    cpu = stats.get("daemon_cpu_seconds") or 0
+    return pct(stats.get("memory_policy_seconds", 0) / cpu) if cpu else "-"
+
+
 def pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -541,8 +554,8 @@ def print_table(rows, args, entry_cost) -> None:
           f"epochs per job, batch {args.batch}, shuffled, scratch tier off; Belady = MIN with bypass on "
           "the run's own lookup trace")
     print("| jobs | seeds | memory | policy | larder hits | Belady | gap (points) | "
-          "lower reads / Belady misses | samples/s (aggregate) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "lower reads / Belady misses | samples/s (aggregate) | policy CPU / daemon CPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         n = r["lookups"] or 1
         larder_rate, best_rate = r["hits"] / n, r["belady_hits"] / n
@@ -551,7 +564,8 @@ def print_table(rows, args, entry_cost) -> None:
               f"{round(r['share'] * 100)}% ({r['capacity']:,}) | {r['policy']} | "
               f"{pct(larder_rate)} (joined {pct(r['joined'] / n)}) | {pct(best_rate)} | "
               f"{100 * (best_rate - larder_rate):.1f} | "
-              f"{r['lower_reads']:,} / {r['belady_misses']:,} = {ratio:.2f} | {r['samples_per_s']:,.0f} |")
+              f"{r['lower_reads']:,} / {r['belady_misses']:,} = {ratio:.2f} | {r['samples_per_s']:,.0f} | "
+              f"{policy_share(r['daemon_stats'])} |")
 
 
 def main() -> int:

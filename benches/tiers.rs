@@ -8,7 +8,8 @@ use larder::fields::Value;
 use larder::pipeline::{FieldOp, Preprocess, Resize};
 use larder::sampler::epoch_order;
 use larder::source::{Hdf5Source, RawSource};
-use larder::tiers::memory::MemoryTier;
+use larder::tiers::future::OrderKey;
+use larder::tiers::memory::{MemoryTier, ENTRY_OVERHEAD};
 use larder::tiers::scratch::{ScratchSpace, ScratchTier};
 use std::hint::black_box;
 
@@ -28,6 +29,59 @@ fn memory(c: &mut Criterion) {
             black_box(tier.get(&(0, i)))
         })
     });
+    g.finish();
+}
+
+/// The next-use policy's cost per lookup (a hit, or a miss and the insert that follows, with
+/// its eviction) at a million samples, a tier holding a quarter of them, and `streams` streams
+/// on `orders` orders (a job's ranks share one), each reporting its position every batch of
+/// 64 as the daemon's streams do.
+fn policy(c: &mut Criterion) {
+    const N: u64 = 1_000_000;
+    const BATCH: u64 = 64;
+    let mut g = c.benchmark_group("next-use policy");
+    g.sample_size(20);
+    for (streams, orders) in [(8u64, 8u64), (64, 8), (64, 64)] {
+        let tier = MemoryTier::new(N / 4 * (1 + ENTRY_OVERHEAD));
+        let key = |seed| OrderKey {
+            dataset: 0,
+            num_samples: N,
+            seed,
+            epoch: 0,
+            shuffle: true,
+        };
+        let perms: Vec<Vec<u64>> = (0..orders).map(|o| epoch_order(N, o, 0, true)).collect();
+        // Streams start spread over the epoch, as jobs begun at different times are.
+        let mut at: Vec<u64> = (0..streams).map(|s| s * N / streams / 2).collect();
+        for s in 0..streams {
+            tier.stream_opened(s, key(s % orders), at[s as usize]);
+        }
+        let one = Bytes::from_static(&[1]);
+        let mut s = 0u64;
+        let mut lookup = || {
+            s = (s + 1) % streams;
+            let p = &mut at[s as usize];
+            *p = (*p + 1) % N;
+            if *p % BATCH == 0 {
+                tier.stream_at(s, *p + BATCH);
+            }
+            let sample = perms[(s % orders) as usize][*p as usize];
+            if tier.get(&(0, sample)).is_none() {
+                tier.insert((0, sample), one.clone(), 1);
+            }
+        };
+        for _ in 0..N / 2 {
+            lookup();
+        }
+        let name = format!("lookup, 1M samples, {streams} streams on {orders} orders");
+        g.bench_function(&name, |b| b.iter(&mut lookup));
+        let snap = tier.snapshot();
+        eprintln!(
+            "{name}: policy bookkeeping {} MiB beyond the entries ({} entries)",
+            snap.policy_bytes >> 20,
+            snap.entries
+        );
+    }
     g.finish();
 }
 
@@ -139,5 +193,5 @@ fn sampler(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, memory, scratch, raw, preprocess, sampler);
+criterion_group!(benches, memory, policy, scratch, raw, preprocess, sampler);
 criterion_main!(benches);

@@ -168,6 +168,11 @@ pub fn format_stats(s: &crate::proto::Stats) -> String {
     );
     let _ = writeln!(
         out,
+        "eviction policy: {}; {} bytes of open streams' futures; {:.3} s deciding",
+        s.memory_policy, s.memory_policy_bytes, s.memory_policy_seconds
+    );
+    let _ = writeln!(
+        out,
         "expansion factor: {:.2} measured in memory (planned {:.2})",
         s.measured_expansion_factor, s.planned_expansion_factor
     );

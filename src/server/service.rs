@@ -87,6 +87,9 @@ impl Service {
             memory_budget_bytes: mem.limit,
             memory_entries: mem.entries,
             admissions_declined: mem.declined,
+            memory_policy: mem.policy.to_string(),
+            memory_policy_bytes: mem.policy_bytes,
+            memory_policy_seconds: mem.policy_seconds,
             measured_expansion_factor: if mem.disk_bytes == 0 {
                 0.0
             } else {

@@ -14,6 +14,9 @@ use std::time::Duration;
 /// Which sample: (dataset id, sample index).
 pub type Key = (u32, u64);
 
+/// A map by sample, with a fast hash (seeded per process).
+pub type KeyMap<V> = HashMap<Key, V, foldhash::fast::RandomState>;
+
 /// Bookkeeping bytes charged per entry on top of the sample itself: the entry map's bucket and
 /// spare capacity (about 65-128 bytes), the policy's node and its map (about 64-85), the
 /// Bytes header.
@@ -26,7 +29,7 @@ struct Entry {
 }
 
 struct Inner {
-    entries: HashMap<Key, Entry>,
+    entries: KeyMap<Entry>,
     policy: Box<dyn Eviction>,
     /// Bytes held, overhead included.
     bytes: u64,
@@ -40,7 +43,15 @@ struct Inner {
     clock: u64,
     declined: u64,
     evicted: u64,
+    /// Policy calls, and the time they took (estimated from one in `TIMED_EVERY`).
+    policy_calls: u64,
+    policy_nanos: u64,
+    /// What reading the clock twice costs, taken off each timed call.
+    clock_nanos: u64,
 }
+
+/// One policy call in this many is timed (the clock costs about as much as a small call).
+const TIMED_EVERY: u64 = 16;
 
 pub struct MemoryTier {
     inner: Mutex<Inner>,
@@ -71,6 +82,9 @@ pub struct MemorySnapshot {
     pub evicted: u64,
     /// Bytes of the policy's own bookkeeping beyond the entries (the streams' futures).
     pub policy_bytes: u64,
+    /// CPU time the policy has spent (estimated).
+    pub policy_seconds: f64,
+    pub policy: &'static str,
 }
 
 pub fn entry_cost(data: &Bytes) -> u64 {
@@ -100,7 +114,7 @@ impl MemoryTier {
     pub fn with_policy(budget: u64, policy: Box<dyn Eviction>) -> MemoryTier {
         MemoryTier {
             inner: Mutex::new(Inner {
-                entries: HashMap::new(),
+                entries: KeyMap::default(),
                 policy,
                 bytes: 0,
                 disk_bytes: 0,
@@ -109,6 +123,9 @@ impl MemoryTier {
                 clock: 0,
                 declined: 0,
                 evicted: 0,
+                policy_calls: 0,
+                policy_nanos: 0,
+                clock_nanos: clock_cost(),
             }),
             orders: Orders::default(),
         }
@@ -126,7 +143,7 @@ impl MemoryTier {
         inner.clock += 1;
         let data = inner.entries.get(key)?.data.clone();
         let now = inner.clock;
-        inner.policy.on_hit(key, now);
+        inner.timed(|p| p.on_hit(key, now));
         Some(data)
     }
 
@@ -152,7 +169,7 @@ impl MemoryTier {
         };
         while inner.bytes + cost > inner.limit {
             let now = inner.clock;
-            match inner.policy.victim_for_newcomer(&key, size, now) {
+            match inner.timed(|p| p.victim_for_newcomer(&key, size, now)) {
                 Some(victim) => inner.remove(&victim),
                 None => {
                     inner.declined += 1;
@@ -164,7 +181,7 @@ impl MemoryTier {
         inner.bytes += cost;
         inner.disk_bytes += disk;
         inner.entries.insert(key, Entry { data, disk });
-        inner.policy.on_insert(key, size, now);
+        inner.timed(|p| p.on_insert(key, size, now));
         true
     }
 
@@ -201,7 +218,7 @@ impl MemoryTier {
     fn tell(&self, event: StreamEvent) {
         let mut inner = self.lock();
         let now = inner.clock;
-        inner.policy.on_stream(event, now);
+        inner.timed(|p| p.on_stream(event, now));
     }
 
     /// Lowers (or restores, up to the budget) the byte limit, evicting at the policy's word
@@ -211,7 +228,7 @@ impl MemoryTier {
         inner.limit = limit.min(inner.budget);
         while inner.bytes > inner.limit {
             let now = inner.clock;
-            match inner.policy.victim(now) {
+            match inner.timed(|p| p.victim(now)) {
                 Some(victim) => inner.remove(&victim),
                 None => break,
             }
@@ -229,20 +246,46 @@ impl MemoryTier {
             declined: inner.declined,
             evicted: inner.evicted,
             policy_bytes: inner.policy.extra_bytes() as u64,
+            policy_seconds: inner.policy_nanos as f64 / 1e9,
+            policy: inner.policy.name(),
         }
     }
 }
 
 impl Inner {
+    /// Calls the policy, timing one call in `TIMED_EVERY`.
+    fn timed<R>(&mut self, call: impl FnOnce(&mut dyn Eviction) -> R) -> R {
+        self.policy_calls += 1;
+        if self.policy_calls % TIMED_EVERY != 0 {
+            return call(&mut *self.policy);
+        }
+        let started = std::time::Instant::now();
+        let r = call(&mut *self.policy);
+        let took = (started.elapsed().as_nanos() as u64).saturating_sub(self.clock_nanos);
+        self.policy_nanos += took * TIMED_EVERY;
+        r
+    }
+
     /// Lets `key` go (the policy chose it).
     fn remove(&mut self, key: &Key) {
-        self.policy.on_remove(key);
+        self.timed(|p| p.on_remove(key));
         if let Some(e) = self.entries.remove(key) {
             self.bytes -= entry_cost(&e.data);
             self.disk_bytes -= e.disk;
             self.evicted += 1;
         }
     }
+}
+
+/// What timing a call costs beyond the call: the least of some back-to-back clock readings.
+fn clock_cost() -> u64 {
+    (0..64)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            t.elapsed().as_nanos() as u64
+        })
+        .min()
+        .unwrap_or(0)
 }
 
 /// The limit the memory tier should have so that the machine keeps `floor` bytes available:

@@ -159,7 +159,7 @@ class RemoveDatasetResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ["accounted_bytes", "active_streams", "admissions_declined", "allocator_free_bytes", "anonymous_bytes", "anonymous_ceiling_bytes", "bad_samples", "batches_served", "bytes_served", "client_stall_seconds", "coalesced_fetches", "hit_rate", "machine_available_bytes", "measured_expansion_factor", "memory_budget_bytes", "memory_bytes", "memory_entries", "message_buffer_in_flight_bytes", "message_buffer_spare_bytes", "planned_expansion_factor", "resident_bytes", "samples_served", "scratch_budget_bytes", "scratch_bytes", "scratch_corrupt_records", "scratch_paused", "shared_bytes", "shm_batches", "shm_budget_bytes", "shm_bytes", "shm_fallbacks", "shm_rings", "tiers", "uptime_seconds"]
+    __slots__ = ["accounted_bytes", "active_streams", "admissions_declined", "allocator_free_bytes", "anonymous_bytes", "anonymous_ceiling_bytes", "bad_samples", "batches_served", "bytes_served", "client_stall_seconds", "coalesced_fetches", "hit_rate", "machine_available_bytes", "measured_expansion_factor", "memory_budget_bytes", "memory_bytes", "memory_entries", "memory_policy", "memory_policy_bytes", "memory_policy_seconds", "message_buffer_in_flight_bytes", "message_buffer_spare_bytes", "planned_expansion_factor", "resident_bytes", "samples_served", "scratch_budget_bytes", "scratch_bytes", "scratch_corrupt_records", "scratch_paused", "shared_bytes", "shm_batches", "shm_budget_bytes", "shm_bytes", "shm_fallbacks", "shm_rings", "tiers", "uptime_seconds"]
     ACCOUNTED_BYTES_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_STREAMS_FIELD_NUMBER: _ClassVar[int]
     ADMISSIONS_DECLINED_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +177,9 @@ class Stats(_message.Message):
     MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_POLICY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_POLICY_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_POLICY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_BUFFER_IN_FLIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_BUFFER_SPARE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PLANNED_EXPANSION_FACTOR_FIELD_NUMBER: _ClassVar[int]
@@ -211,6 +214,9 @@ class Stats(_message.Message):
     memory_budget_bytes: int
     memory_bytes: int
     memory_entries: int
+    memory_policy: str
+    memory_policy_bytes: int
+    memory_policy_seconds: float
     message_buffer_in_flight_bytes: int
     message_buffer_spare_bytes: int
     planned_expansion_factor: float
@@ -228,7 +234,7 @@ class Stats(_message.Message):
     shm_rings: int
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     uptime_seconds: float
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., memory_entries: _Optional[int] = ..., hit_rate: _Optional[float] = ..., client_stall_seconds: _Optional[float] = ..., batches_served: _Optional[int] = ..., samples_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., active_streams: _Optional[int] = ..., coalesced_fetches: _Optional[int] = ..., admissions_declined: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., machine_available_bytes: _Optional[int] = ..., measured_expansion_factor: _Optional[float] = ..., scratch_bytes: _Optional[int] = ..., scratch_budget_bytes: _Optional[int] = ..., scratch_corrupt_records: _Optional[int] = ..., scratch_paused: _Optional[str] = ..., planned_expansion_factor: _Optional[float] = ..., shm_rings: _Optional[int] = ..., shm_bytes: _Optional[int] = ..., shm_budget_bytes: _Optional[int] = ..., shm_batches: _Optional[int] = ..., shm_fallbacks: _Optional[int] = ..., bad_samples: _Optional[int] = ..., message_buffer_spare_bytes: _Optional[int] = ..., message_buffer_in_flight_bytes: _Optional[int] = ..., accounted_bytes: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., anonymous_bytes: _Optional[int] = ..., shared_bytes: _Optional[int] = ..., anonymous_ceiling_bytes: _Optional[int] = ..., allocator_free_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., memory_entries: _Optional[int] = ..., hit_rate: _Optional[float] = ..., client_stall_seconds: _Optional[float] = ..., batches_served: _Optional[int] = ..., samples_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., active_streams: _Optional[int] = ..., coalesced_fetches: _Optional[int] = ..., admissions_declined: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., machine_available_bytes: _Optional[int] = ..., measured_expansion_factor: _Optional[float] = ..., scratch_bytes: _Optional[int] = ..., scratch_budget_bytes: _Optional[int] = ..., scratch_corrupt_records: _Optional[int] = ..., scratch_paused: _Optional[str] = ..., planned_expansion_factor: _Optional[float] = ..., shm_rings: _Optional[int] = ..., shm_bytes: _Optional[int] = ..., shm_budget_bytes: _Optional[int] = ..., shm_batches: _Optional[int] = ..., shm_fallbacks: _Optional[int] = ..., bad_samples: _Optional[int] = ..., message_buffer_spare_bytes: _Optional[int] = ..., message_buffer_in_flight_bytes: _Optional[int] = ..., accounted_bytes: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., anonymous_bytes: _Optional[int] = ..., shared_bytes: _Optional[int] = ..., anonymous_ceiling_bytes: _Optional[int] = ..., allocator_free_bytes: _Optional[int] = ..., memory_policy: _Optional[str] = ..., memory_policy_bytes: _Optional[int] = ..., memory_policy_seconds: _Optional[float] = ...) -> None: ...
 
 class StreamBatchesRequest(_message.Message):
     __slots__ = ["batch_size", "dataset", "drop_last", "epoch", "even_batches", "fields", "held_slots", "layout_version", "num_workers", "pipeline", "rank", "seed", "sequential", "shm_ring", "start_batch", "start_sample", "start_step", "variable_layout", "worker", "world_size"]

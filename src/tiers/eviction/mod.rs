@@ -31,6 +31,8 @@ pub struct Size {
 /// An eviction and admission policy for the memory tier. The tier calls it under its lock, in
 /// the order things happen; `clock` counts the tier's lookups (the time policies measure in).
 pub trait Eviction: Send {
+    /// How `[memory] policy` names it.
+    fn name(&self) -> &'static str;
     /// A lookup found `key`.
     fn on_hit(&mut self, key: &Key, clock: u64);
     /// `key` came in.

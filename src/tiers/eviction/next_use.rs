@@ -23,9 +23,9 @@
 
 use super::{Eviction, Size};
 use crate::tiers::future::{Order, StreamEvent};
-use crate::tiers::memory::Key;
+use crate::tiers::memory::{Key, KeyMap};
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashSet};
 use std::sync::Arc;
 
 /// Fewest lookups between two rebuilds for streams opening or ending.
@@ -33,16 +33,26 @@ const MIN_GAP: u64 = 256;
 /// Lookups over which a stream's speed is measured.
 const RATE_WINDOW: u64 = 256;
 
-/// A stream's future, as the policy keeps it.
-struct Cursor {
+/// The streams on one order (a job's ranks and workers, jobs on one seed): the order is looked
+/// up once per sample for all of them.
+struct Group {
     order: Arc<Order>,
     next: Arc<Order>,
-    /// Every position of `order` before this one is read, in the stream's share.
+    cursors: Vec<Cursor>,
+}
+
+/// A stream's future, as the policy keeps it.
+struct Cursor {
+    /// The stream's id.
+    id: u64,
+    /// Every position of the group's order before this one is read, in the stream's share.
     position: u64,
     /// The clock when the stream reported `position`.
     at: u64,
     /// Positions per lookup of the tier (all streams' lookups).
     rate: f64,
+    /// Lookups per position (1 / rate).
+    per_position: f64,
     /// Whether `rate` is measured (else it is the other streams' mean, or 1).
     measured: bool,
     /// The position and clock the next measurement of the rate starts from.
@@ -92,9 +102,9 @@ impl Ord for Item {
 }
 
 pub struct NextUse {
-    /// The open streams (and finished ones waiting for their next epoch), by stream id.
-    cursors: BTreeMap<u64, Cursor>,
-    entries: HashMap<Key, Node>,
+    /// The open streams (and finished ones waiting for their next epoch), by order.
+    groups: Vec<Group>,
+    entries: KeyMap<Node>,
     /// Entries with a future, furthest first, by weight class.
     heaps: BTreeMap<i8, BinaryHeap<Item>>,
     /// Heap items, current or not.
@@ -105,24 +115,52 @@ pub struct NextUse {
     dirty: bool,
     /// The clock of the last rebuild.
     rebuilt: u64,
+    /// The last newcomer's predicted next use and the clock it was predicted at: its insert
+    /// follows at once and need not look it up in every order again.
+    newcomer: Option<(Key, u64, f64)>,
 }
 
 impl NextUse {
     pub fn new() -> NextUse {
         NextUse {
-            cursors: BTreeMap::new(),
-            entries: HashMap::new(),
+            groups: Vec::new(),
+            entries: KeyMap::default(),
             heaps: BTreeMap::new(),
             items: 0,
             idle: BTreeSet::new(),
             dirty: false,
             rebuilt: 0,
+            newcomer: None,
         }
+    }
+
+    /// Streams known, open or finished.
+    fn streams(&self) -> usize {
+        self.groups.iter().map(|g| g.cursors.len()).sum()
+    }
+
+    /// Stream `id`'s cursor.
+    fn cursor(&mut self, id: u64) -> Option<&mut Cursor> {
+        self.groups
+            .iter_mut()
+            .flat_map(|g| g.cursors.iter_mut())
+            .find(|c| c.id == id)
+    }
+
+    /// Forgets stream `id` (and its order, if it was the last on it).
+    fn forget(&mut self, id: u64) {
+        for g in &mut self.groups {
+            g.cursors.retain(|c| c.id != id);
+        }
+        self.groups.retain(|g| !g.cursors.is_empty());
     }
 
     /// Predicts `key`'s next use again, and puts it where that says (touched: it was used now).
     fn place(&mut self, key: Key, clock: u64, touched: bool) {
-        let due = due_of(&self.cursors, &key);
+        let due = match self.newcomer.take() {
+            Some((k, at, due)) if k == key && at == clock => due,
+            _ => due_of(&self.groups, &key),
+        };
         let Some(node) = self.entries.get_mut(&key) else {
             return;
         };
@@ -150,13 +188,15 @@ impl NextUse {
     /// Drops finished streams whose successor never came, and rebuilds the heaps when streams
     /// changed or the predictions have aged.
     fn refresh(&mut self, clock: u64) {
-        let before = self.cursors.len();
-        self.cursors
-            .retain(|_, c| c.expires.is_none_or(|e| e > clock));
-        self.dirty |= self.cursors.len() != before;
+        let before = self.streams();
+        for g in &mut self.groups {
+            g.cursors.retain(|c| c.expires.is_none_or(|e| e > clock));
+        }
+        self.groups.retain(|g| !g.cursors.is_empty());
+        self.dirty |= self.streams() != before;
         let since = clock.saturating_sub(self.rebuilt);
-        let period = (self.entries.len() as u64 / 2).max(4096);
-        let aged = since >= period && !self.cursors.is_empty();
+        let period = (self.entries.len() as u64 * 2).max(4096);
+        let aged = since >= period && !self.groups.is_empty();
         let bloated = self.items > 3 * self.entries.len() + 1024;
         if (self.dirty && since >= MIN_GAP) || aged || bloated {
             self.rebuild(clock);
@@ -165,11 +205,12 @@ impl NextUse {
 
     /// Predicts every entry's next use again.
     fn rebuild(&mut self, clock: u64) {
+        self.newcomer = None;
         let mut heaps: BTreeMap<i8, Vec<Item>> = BTreeMap::new();
         self.idle.clear();
         for (key, node) in self.entries.iter_mut() {
             node.gen = node.gen.wrapping_add(1);
-            node.due = due_of(&self.cursors, key);
+            node.due = due_of(&self.groups, key);
             if node.due.is_infinite() {
                 self.idle.insert((node.used, *key));
             } else {
@@ -226,25 +267,29 @@ impl Default for NextUse {
     }
 }
 
-/// When the streams `cursors` next read `key`, in lookups of the tier (infinite: never).
-fn due_of(cursors: &BTreeMap<u64, Cursor>, key: &Key) -> f64 {
+/// When the streams of `groups` next read `key`, in lookups of the tier (infinite: never).
+fn due_of(groups: &[Group], key: &Key) -> f64 {
     let mut due = f64::INFINITY;
-    for c in cursors.values() {
-        if c.order.key.dataset != key.0 {
+    for g in groups {
+        if g.order.key.dataset != key.0 {
             continue;
         }
-        let Some(p) = c.order.position(key.1) else {
+        let Some(p) = g.order.position(key.1) else {
             continue;
         };
-        let distance = if p >= c.position {
-            p - c.position
-        } else {
-            match c.next.position(key.1) {
-                Some(q) => c.order.len().saturating_sub(c.position) + q,
-                None => continue,
-            }
-        };
-        due = due.min(c.at as f64 + distance as f64 / c.rate);
+        // Where it comes in the next epoch, looked up once, if a stream has passed it.
+        let mut next = None;
+        for c in &g.cursors {
+            let distance = if p >= c.position {
+                p - c.position
+            } else {
+                match *next.get_or_insert_with(|| g.next.position(key.1)) {
+                    Some(q) => g.order.len().saturating_sub(c.position) + q,
+                    None => continue,
+                }
+            };
+            due = due.min(c.at as f64 + distance as f64 * c.per_position);
+        }
     }
     due
 }
@@ -260,6 +305,10 @@ fn weight(class: i8) -> f64 {
 }
 
 impl Eviction for NextUse {
+    fn name(&self) -> &'static str {
+        "next_use"
+    }
+
     fn on_hit(&mut self, key: &Key, clock: u64) {
         self.place(*key, clock, true);
     }
@@ -282,7 +331,11 @@ impl Eviction for NextUse {
         if weighed.is_infinite() {
             return Some(victim);
         }
-        let due = due_of(&self.cursors, newcomer);
+        let due = match self.newcomer {
+            Some((k, at, due)) if k == *newcomer && at == clock => due,
+            _ => due_of(&self.groups, newcomer),
+        };
+        self.newcomer = Some((*newcomer, clock, due));
         let newcomer = (due - clock as f64) * weight(class_of(size));
         (newcomer < weighed).then_some(victim)
     }
@@ -301,6 +354,7 @@ impl Eviction for NextUse {
     }
 
     fn on_stream(&mut self, event: StreamEvent, clock: u64) {
+        self.newcomer = None;
         match event {
             StreamEvent::Opened {
                 id,
@@ -310,16 +364,16 @@ impl Eviction for NextUse {
             } => {
                 // The successor of a finished stream takes its place.
                 let ghost = self
-                    .cursors
+                    .groups
                     .iter()
-                    .find(|(_, c)| c.expires.is_some() && c.next.key == order.key)
-                    .map(|(&id, _)| id);
+                    .filter(|g| g.next.key == order.key)
+                    .flat_map(|g| &g.cursors)
+                    .find(|c| c.expires.is_some())
+                    .map(|c| c.id);
                 if let Some(ghost) = ghost {
-                    self.cursors.remove(&ghost);
+                    self.forget(ghost);
                 }
-                let measured: Vec<f64> = self
-                    .cursors
-                    .values()
+                let measured: Vec<f64> = (self.groups.iter().flat_map(|g| &g.cursors))
                     .filter(|c| c.measured)
                     .map(|c| c.rate)
                     .collect();
@@ -328,26 +382,37 @@ impl Eviction for NextUse {
                     n => measured.iter().sum::<f64>() / n as f64,
                 };
                 let position = position.min(order.len());
-                self.cursors.insert(
+                let cursor = Cursor {
                     id,
-                    Cursor {
+                    position,
+                    at: clock,
+                    rate,
+                    per_position: 1.0 / rate,
+                    measured: false,
+                    anchor: (position, clock),
+                    expires: None,
+                };
+                match self.groups.iter_mut().find(|g| g.order.key == order.key) {
+                    Some(g) => g.cursors.push(cursor),
+                    None => self.groups.push(Group {
                         order,
                         next,
-                        position,
-                        at: clock,
-                        rate,
-                        measured: false,
-                        anchor: (position, clock),
-                        expires: None,
-                    },
-                );
+                        cursors: vec![cursor],
+                    }),
+                }
                 self.dirty = true;
             }
             StreamEvent::At { id, position } => {
-                let Some(c) = self.cursors.get_mut(&id) else {
+                let Some(len) = (self.groups.iter())
+                    .find(|g| g.cursors.iter().any(|c| c.id == id))
+                    .map(|g| g.order.len())
+                else {
                     return;
                 };
-                let position = position.min(c.order.len());
+                let Some(c) = self.cursor(id) else {
+                    return;
+                };
+                let position = position.min(len);
                 if position > c.position {
                     c.position = position;
                     c.at = clock;
@@ -360,19 +425,23 @@ impl Eviction for NextUse {
                     } else {
                         rate
                     };
+                    c.per_position = 1.0 / c.rate;
                     c.measured = true;
                     c.anchor = (c.position, clock);
                 }
             }
             StreamEvent::Closed { id, finished } => {
                 if finished {
-                    if let Some(c) = self.cursors.get_mut(&id) {
-                        c.position = c.order.len();
+                    let len = (self.groups.iter())
+                        .find(|g| g.cursors.iter().any(|c| c.id == id))
+                        .map(|g| g.order.len());
+                    if let (Some(len), Some(c)) = (len, self.cursor(id)) {
+                        c.position = len;
                         c.at = clock;
-                        c.expires = Some(clock + (c.order.len() / 4).max(1024));
+                        c.expires = Some(clock + (len / 4).max(1024));
                     }
                 } else {
-                    self.cursors.remove(&id);
+                    self.forget(id);
                 }
                 self.dirty = true;
             }
@@ -381,9 +450,10 @@ impl Eviction for NextUse {
 
     fn extra_bytes(&self) -> usize {
         let mut orders = HashSet::new();
-        let mut bytes = self.cursors.len() * std::mem::size_of::<(u64, Cursor)>();
-        for c in self.cursors.values() {
-            for o in [&c.order, &c.next] {
+        let mut bytes = self.streams() * std::mem::size_of::<Cursor>()
+            + self.groups.len() * std::mem::size_of::<Group>();
+        for g in &self.groups {
+            for o in [&g.order, &g.next] {
                 if orders.insert(Arc::as_ptr(o)) {
                     bytes += o.bytes();
                 }

@@ -34,6 +34,10 @@ impl Default for StaleLru {
 }
 
 impl Eviction for StaleLru {
+    fn name(&self) -> &'static str {
+        "stale_lru"
+    }
+
     fn on_hit(&mut self, key: &Key, clock: u64) {
         if let Some(last) = self.order.get_mut(key) {
             *last = clock;
