@@ -256,7 +256,7 @@ impl Inner {
     /// Calls the policy, timing one call in `TIMED_EVERY`.
     fn timed<R>(&mut self, call: impl FnOnce(&mut dyn Eviction) -> R) -> R {
         self.policy_calls += 1;
-        if self.policy_calls % TIMED_EVERY != 0 {
+        if !self.policy_calls.is_multiple_of(TIMED_EVERY) {
             return call(&mut *self.policy);
         }
         let started = std::time::Instant::now();
