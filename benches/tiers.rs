@@ -62,7 +62,7 @@ fn policy(c: &mut Criterion) {
             s = (s + 1) % streams;
             let p = &mut at[s as usize];
             *p = (*p + 1) % N;
-            if *p % BATCH == 0 {
+            if p.is_multiple_of(BATCH) {
                 tier.stream_at(s, *p + BATCH);
             }
             let sample = perms[(s % orders) as usize][*p as usize];
