@@ -231,9 +231,12 @@ def main():
         path = write_images(tmp / f"{spec}.h5", n, shape)
         config = tmp / f"{spec}.toml"
         sock = tmp / f"{spec}.sock"
+        # The whole file in memory, and room for the shared-memory rings the runs open (their
+        # bytes come off the memory tier's budget): two of ten slots of a batch each.
+        rings = 2 * 10 * (BATCH * (size + 8) + 8192)
         config.write_text(
             f'unix_socket = "{sock}"\n[scratch]\ndir = "{tmp / "scratch"}"\n[memory]\n'
-            f"budget_bytes = {int(n * (size + 200) * 1.1)}\n"
+            f"budget_bytes = {int(n * (size + 200) * 1.1) + rings}\n"
             f'[[dataset]]\nname = "d"\ntcp = true\npath = "{path}"\nlabels = "labels"\n'
         )
         log = open(tmp / f"{spec}.log", "wb")

@@ -23,8 +23,8 @@ the samples; a trailing "s": every job the same seed) and each eviction policy o
     on SIGTERM, which it gets once the jobs are done.
 The K jobs are processes of their own (this file with --job), started together once each has
 connected: each streams --epochs epochs one after another (epoch 0, 1, ...), batch size 50,
-shuffled, seed 1000 + j for job j ("distinct") or 42 for all ("one seed"), shared memory where
-it can; every epoch of every job is checked: its sample ids, sorted, are exactly 0..N-1 and each
+shuffled, seed 1000 + j for job j ("distinct") or 42 for all ("one seed"), in the messages
+(transport="bytes": shared-memory rings would take their bytes from the tier's budget); every epoch of every job is checked: its sample ids, sorted, are exactly 0..N-1 and each
 label is its sample's (the bench fails otherwise).
 
 From the trace of each run: lookups; larder hits, the lookups served without a lower-tier
@@ -281,7 +281,8 @@ def job_main(args) -> int:
         for e in range(args.epochs):
             t = time.perf_counter()
             ids = []
-            for b in client.stream("d", args.batch, seed=args.job_seed, epoch=e, shuffle=True):
+            for b in client.stream("d", args.batch, seed=args.job_seed, epoch=e, shuffle=True,
+                                transport="bytes"):
                 sid = b.sample_ids.copy()
                 labels = np.asarray(b["label"]).reshape(-1)
                 if not np.array_equal(labels, sid):

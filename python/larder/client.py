@@ -368,7 +368,12 @@ class Client:
                     "transport='shm' needs fields of fixed size; this request has a variable one"
                 )
             return None
-        slots = prefetch + 8
+        # A slot for each batch the daemon assembles ahead, one on its way, the client's
+        # read-ahead, the batch the loop holds and the one before it (a GPU copy may still read
+        # it): sized to the depths in use, not more (every slot counts against the daemon's
+        # memory budget). Daemons before StreamPlan.prefetch_batches: as before.
+        ahead = plan.prefetch_batches
+        slots = ahead + 1 + prefetch + 2 if ahead else prefetch + 8
         with self._rings_lock:
             for i, r in enumerate(self._idle_rings):
                 if r.slot_bytes >= slot_bytes and r.slots >= slots and not r.closed:

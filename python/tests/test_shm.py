@@ -325,3 +325,29 @@ def test_rings_stay_within_the_daemon_cap_with_many_slow_clients(tmp_path):
             assert e.value.code.name == "RESOURCE_EXHAUSTED"
     finally:
         d.stop()
+
+
+def test_rings_count_against_the_memory_budget_and_are_sized_to_the_prefetch_depths(daemon):
+    """The memory tier leaves the rings room: while a ring is open the tier's limit is its
+    budget less the ring's bytes, and it has it back when the ring closes. A ring has a slot
+    for each batch the daemon assembles ahead (prefetch_batches, 4 by default), one on its way,
+    the client's read-ahead and two for the loop: 9 with the defaults, not a fixed 10."""
+    with larder.Client(daemon.unix) as c:
+        budget = c.stats().memory_budget_bytes
+        stream = c.stream("train", 10, seed=1, transport="shm", prefetch=2)
+        next(stream)
+        s = c.stats()
+        assert s.shm_rings == 1 and s.shm_bytes > 0
+        assert s.memory_budget_bytes == budget - s.shm_bytes
+        assert s.memory_bytes <= s.memory_budget_bytes
+        slot = -(-(10 * LENGTH + 64 + 128) // 4096) * 4096
+        assert s.shm_bytes == 4096 + 9 * slot, (s.shm_bytes, slot)
+        for _ in stream:
+            pass
+    deadline = time.monotonic() + 10
+    with larder.Client(daemon.unix) as c:
+        while c.stats().shm_rings and time.monotonic() < deadline:
+            time.sleep(0.05)
+        s = c.stats()
+        assert s.shm_rings == 0
+        assert s.memory_budget_bytes == budget

@@ -91,7 +91,7 @@ impl Daemon {
             move || buffers.release()
         };
         let watcher = tokio::spawn(memory::watch_available_memory(
-            memory,
+            memory.clone(),
             floor,
             Duration::from_millis(config.memory.watch_interval_ms.max(10)),
             metrics,
@@ -126,7 +126,8 @@ impl Daemon {
         catalog.expect(&config.datasets);
         catalog.expect(&registry.configs());
         let keeper = tokio::spawn(datasets.clone().keep_current(shutdown.subscribe()));
-        let rings = Rings::new(config.shm_budget_bytes(total));
+        // The rings' bytes come off the memory tier's share: both stay within its budget.
+        let rings = Rings::within(config.shm_budget_bytes(total), memory.clone());
         let service = Service::new(
             store.clone(),
             rings.clone(),

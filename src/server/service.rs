@@ -534,6 +534,7 @@ impl Larder for Service {
             num_batches: plan.num_batches - plan.start_batch,
             num_samples: plan.remaining_samples(),
             slot_bytes: sizes.map_or(0, |s| slot_offsets(s).1 as u64),
+            prefetch_batches: self.prefetch_batches as u32,
         }))
     }
 

@@ -27,6 +27,7 @@
 
 use super::shutdown::Shutdown;
 pub use crate::peer::Peer;
+use crate::tiers::memory::MemoryTier;
 use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
 use std::io;
@@ -67,7 +68,7 @@ pub struct Rings {
     /// Bytes all rings may take together.
     budget: u64,
     /// Bytes the open rings take (shared with each ring, which gives its bytes back on drop).
-    used: Arc<AtomicU64>,
+    used: Arc<RingBytes>,
     /// Open rings by token.
     open: Mutex<HashMap<[u8; 16], Arc<Ring>>>,
 }
@@ -87,7 +88,53 @@ pub struct Ring {
     /// The connection that made it has closed: no batch waits for a slot any more.
     closed: std::sync::atomic::AtomicBool,
     /// The budget's counter, given back to on drop.
-    used: Arc<AtomicU64>,
+    used: Arc<RingBytes>,
+}
+
+/// Bytes the open rings take. The memory tier hears of every change and leaves them room: it
+/// and the rings stay within the memory budget together.
+#[derive(Default)]
+pub struct RingBytes {
+    bytes: AtomicU64,
+    memory: Option<Arc<MemoryTier>>,
+}
+
+impl RingBytes {
+    fn load(&self) -> u64 {
+        self.bytes.load(Ordering::Acquire)
+    }
+
+    /// Adds `size` unless the total would pass `budget`; else the total now.
+    fn reserve(&self, size: u64, budget: u64) -> Result<(), u64> {
+        let mut used = self.load();
+        loop {
+            if used.checked_add(size).is_none_or(|total| total > budget) {
+                return Err(used);
+            }
+            match self.bytes.compare_exchange(
+                used,
+                used + size,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now) => used = now,
+            }
+        }
+        self.tell();
+        Ok(())
+    }
+
+    fn release(&self, size: u64) {
+        self.bytes.fetch_sub(size, Ordering::AcqRel);
+        self.tell();
+    }
+
+    fn tell(&self) {
+        if let Some(m) = &self.memory {
+            m.set_reserved(self.load());
+        }
+    }
 }
 
 /// A slot claimed by the daemon: freed again when dropped, unless handed to the client.
@@ -98,10 +145,24 @@ pub struct Slot {
 }
 
 impl Rings {
+    /// Rings within `budget` bytes, outside any memory tier's.
     pub fn new(budget: u64) -> Arc<Rings> {
+        Rings::make(budget, None)
+    }
+
+    /// Rings within `budget` bytes whose bytes `memory` leaves room for (its limit is its
+    /// budget less what the rings take).
+    pub fn within(budget: u64, memory: Arc<MemoryTier>) -> Arc<Rings> {
+        Rings::make(budget, Some(memory))
+    }
+
+    fn make(budget: u64, memory: Option<Arc<MemoryTier>>) -> Arc<Rings> {
         Arc::new(Rings {
             budget,
-            used: Arc::new(AtomicU64::new(0)),
+            used: Arc::new(RingBytes {
+                bytes: AtomicU64::new(0),
+                memory,
+            }),
             open: Mutex::new(HashMap::new()),
         })
     }
@@ -109,7 +170,7 @@ impl Rings {
     /// (rings open, bytes they take, budget).
     pub fn snapshot(&self) -> (u32, u64, u64) {
         let n = self.open.lock().unwrap().len() as u32;
-        (n, self.used.load(Ordering::Relaxed), self.budget)
+        (n, self.used.load(), self.budget)
     }
 
     /// The ring with this token, if `peer` is the process that made it.
@@ -150,25 +211,12 @@ impl Rings {
         };
         let slot_bytes = (size - HEADER_BYTES) / slots as u64;
         // Reserve the bytes, or say how far over the budget this would go.
-        let mut used = self.used.load(Ordering::Relaxed);
-        loop {
-            if used
-                .checked_add(size)
-                .is_none_or(|total| total > self.budget)
-            {
-                return Err(Refusal::Exhausted(format!(
-                    "a ring of {slots} slots of {slot_bytes} bytes ({size} bytes) does not fit: \
-                     rings take {used} of the daemon's {} bytes for shared memory (shm.budget_bytes)",
-                    self.budget
-                )));
-            }
-            match self
-                .used
-                .compare_exchange(used, used + size, Ordering::AcqRel, Ordering::Relaxed)
-            {
-                Ok(_) => break,
-                Err(now) => used = now,
-            }
+        if let Err(used) = self.used.reserve(size, self.budget) {
+            return Err(Refusal::Exhausted(format!(
+                "a ring of {slots} slots of {slot_bytes} bytes ({size} bytes) does not fit: \
+                 rings take {used} of the daemon's {} bytes for shared memory (shm.budget_bytes)",
+                self.budget
+            )));
         }
         let reserved = Reservation {
             used: self.used.clone(),
@@ -389,7 +437,7 @@ impl Ring {
 
 impl Drop for Ring {
     fn drop(&mut self) {
-        self.used.fetch_sub(self.size(), Ordering::AcqRel);
+        self.used.release(self.size());
     }
 }
 
@@ -429,13 +477,13 @@ impl Drop for Slot {
 
 /// Bytes reserved in the budget, given back unless the ring took them over.
 struct Reservation {
-    used: Arc<AtomicU64>,
+    used: Arc<RingBytes>,
     size: u64,
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.used.fetch_sub(self.size, Ordering::AcqRel);
+        self.used.release(self.size);
     }
 }
 

@@ -37,8 +37,13 @@ struct Inner {
     disk_bytes: u64,
     /// Configured budget.
     budget: u64,
-    /// Current limit: the budget, lowered while the machine is short of memory.
+    /// Current limit: the budget less `reserved`, lowered while the machine is short of memory
+    /// (to `watched`).
     limit: u64,
+    /// The limit the machine's available memory allows (`set_limit`).
+    watched: u64,
+    /// Bytes of the budget taken by other things (the shared-memory rings).
+    reserved: u64,
     /// Lookup counter, the clock policies measure time in.
     clock: u64,
     declined: u64,
@@ -120,6 +125,8 @@ impl MemoryTier {
                 disk_bytes: 0,
                 budget,
                 limit: budget,
+                watched: budget,
+                reserved: 0,
                 clock: 0,
                 declined: 0,
                 evicted: 0,
@@ -221,18 +228,20 @@ impl MemoryTier {
         inner.timed(|p| p.on_stream(event, now));
     }
 
-    /// Lowers (or restores, up to the budget) the byte limit, evicting at the policy's word
-    /// until the tier fits.
+    /// Lowers (or restores, up to the budget less what is reserved) the byte limit, evicting at
+    /// the policy's word until the tier fits.
     pub fn set_limit(&self, limit: u64) {
         let mut inner = self.lock();
-        inner.limit = limit.min(inner.budget);
-        while inner.bytes > inner.limit {
-            let now = inner.clock;
-            match inner.timed(|p| p.victim(now)) {
-                Some(victim) => inner.remove(&victim),
-                None => break,
-            }
-        }
+        inner.watched = limit;
+        inner.apply_limit();
+    }
+
+    /// Leaves `bytes` of the budget to something else (the shared-memory rings), evicting at the
+    /// policy's word until the tier fits in the rest.
+    pub fn set_reserved(&self, bytes: u64) {
+        let mut inner = self.lock();
+        inner.reserved = bytes;
+        inner.apply_limit();
     }
 
     pub fn snapshot(&self) -> MemorySnapshot {
@@ -253,6 +262,17 @@ impl MemoryTier {
 }
 
 impl Inner {
+    fn apply_limit(&mut self) {
+        self.limit = self.watched.min(self.budget.saturating_sub(self.reserved));
+        while self.bytes > self.limit {
+            let now = self.clock;
+            match self.timed(|p| p.victim(now)) {
+                Some(victim) => self.remove(&victim),
+                None => break,
+            }
+        }
+    }
+
     /// Calls the policy, timing one call in `TIMED_EVERY`.
     fn timed<R>(&mut self, call: impl FnOnce(&mut dyn Eviction) -> R) -> R {
         self.policy_calls += 1;

@@ -60,7 +60,17 @@ pub struct ScratchSpace {
     /// Shard folders no dataset serves now (removed from the config, or an older version),
     /// oldest first, with the bytes each counts in `used`: kept until their space is needed.
     idle: Mutex<Vec<(PathBuf, u64)>>,
+    /// The datasets' tiers, which give up their oldest shards to another dataset when nobody
+    /// has read or written them for `quiet_after`.
+    tiers: Mutex<Vec<std::sync::Weak<ScratchTier>>>,
+    quiet_after: Duration,
+    /// The clock tiers note their last use on.
+    started: Instant,
 }
+
+/// How long a dataset's tier must go unread and unwritten before another dataset may take its
+/// shards' space.
+const QUIET_AFTER: Duration = Duration::from_secs(120);
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ScratchSnapshot {
@@ -93,7 +103,49 @@ impl ScratchSpace {
             budget_full_logged: AtomicBool::new(false),
             paused: Mutex::new(None),
             idle: Mutex::new(vec![]),
+            tiers: Mutex::new(Vec::new()),
+            quiet_after: QUIET_AFTER,
+            started: Instant::now(),
         }))
+    }
+
+    /// A space like this one whose tiers count as quiet after `quiet` (for tests).
+    #[cfg(test)]
+    fn with_quiet_after(root: &Path, budget: u64, quiet: Duration) -> Arc<ScratchSpace> {
+        let space = ScratchSpace::open(root, Some(budget)).unwrap();
+        let mut space = Arc::try_unwrap(space).ok().unwrap();
+        space.quiet_after = quiet;
+        Arc::new(space)
+    }
+
+    /// Counts `tier` among those whose shards may give way to another dataset's.
+    pub fn register(&self, tier: &Arc<ScratchTier>) {
+        let mut tiers = self.tiers.lock().unwrap_or_else(|e| e.into_inner());
+        tiers.retain(|t| t.strong_count() > 0);
+        tiers.push(Arc::downgrade(tier));
+    }
+
+    /// Milliseconds since the space opened (tiers note their last use in it).
+    fn now(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Removes the oldest shard of the tier (other than `asking`) that has gone longest unread
+    /// and unwritten, if that is longer than `quiet_after`; false when there is none.
+    fn evict_quiet(&self, asking: &ScratchTier) -> bool {
+        let quiet = self.quiet_after.as_millis() as u64;
+        let now = self.now();
+        let tiers: Vec<Arc<ScratchTier>> = {
+            let tiers = self.tiers.lock().unwrap_or_else(|e| e.into_inner());
+            tiers.iter().filter_map(|t| t.upgrade()).collect()
+        };
+        let mut quiet_tiers: Vec<&Arc<ScratchTier>> = tiers
+            .iter()
+            .filter(|t| !std::ptr::eq(t.as_ref(), asking))
+            .filter(|t| now.saturating_sub(t.last_used.load(Relaxed)) >= quiet)
+            .collect();
+        quiet_tiers.sort_by_key(|t| t.last_used.load(Relaxed));
+        quiet_tiers.iter().any(|t| t.evict_oldest_shard())
     }
 
     /// Keeps the shard folders (`<name>-<16 hex digits>`) no dataset uses (those of older
@@ -217,9 +269,9 @@ impl ScratchSpace {
         *paused = Some((why, Instant::now() + RETRY_WRITES_AFTER));
     }
 
-    /// Takes `bytes` of the budget (removing idle folders, oldest first, to make room), or
-    /// says why not.
-    fn reserve(&self, bytes: u64) -> bool {
+    /// Takes `bytes` of the budget for `asking` (removing idle folders, oldest first, then the
+    /// oldest shards of datasets nobody has used for a while, to make room), or says why not.
+    fn reserve(&self, bytes: u64, asking: &ScratchTier) -> bool {
         let take = || {
             self.used
                 .fetch_update(Relaxed, Relaxed, |used| {
@@ -228,7 +280,7 @@ impl ScratchSpace {
                 .is_ok()
         };
         let mut ok = take();
-        while !ok && self.evict_idle() {
+        while !ok && (self.evict_idle() || self.evict_quiet(asking)) {
             ok = take();
         }
         if !ok && !self.budget_full_logged.swap(true, Relaxed) {
@@ -278,8 +330,10 @@ pub struct ScratchTier {
     shard_bytes: u64,
     /// Bytes of a record, as expected before any is written.
     record_estimate: u64,
-    /// Every shard, by number.
-    shards: RwLock<Vec<Arc<Shard>>>,
+    /// Every shard, by number (None: removed to make room).
+    shards: RwLock<Vec<Option<Arc<Shard>>>>,
+    /// When a stream last read or wrote a record (`ScratchSpace::now`).
+    last_used: AtomicU64,
     /// Per sample: 0 if absent, else (shard number + 1) << 32 | entry number.
     index: Vec<AtomicU64>,
     /// Records stored and their payload bytes (for sizing new shards).
@@ -361,6 +415,7 @@ impl ScratchTier {
             shard_bytes: shard_bytes.clamp(HEADER_BYTES + ENTRY_BYTES + 1, MAX_SHARD_BYTES),
             record_estimate: record_estimate.max(1),
             shards: RwLock::new(vec![]),
+            last_used: AtomicU64::new(space.now()),
             index: (0..len).map(|_| AtomicU64::new(0)).collect(),
             stored: AtomicU64::new(0),
             stored_bytes: AtomicU64::new(0),
@@ -370,12 +425,25 @@ impl ScratchTier {
                 slot: 0,
             }),
         };
+        // Shards are numbered in the order they were made; some may have been removed to make
+        // room (a gap), and the last one is the one to go on filling.
+        let mut numbers: Vec<u64> = tier
+            .shard_files()
+            .iter()
+            .filter_map(|p| shard_number(p))
+            .collect();
+        numbers.sort_unstable();
         let (mut found, mut records) = (0, 0);
-        while let Some((shard, count, (tail, slot))) = tier.open_existing(found) {
+        for number in numbers {
+            let Some((shard, count, (tail, slot))) = tier.open_existing(number) else {
+                continue;
+            };
             space.used.fetch_add(shard.capacity, Relaxed);
             let shard = Arc::new(shard);
-            tier.shards.write().unwrap().push(shard.clone());
-            // The last shard is the one to go on filling.
+            let mut shards = tier.shards.write().unwrap();
+            shards.resize(number as usize, None);
+            shards.push(Some(shard.clone()));
+            drop(shards);
             *tier.appender.lock().unwrap() = Appender {
                 shard: Some(shard),
                 tail,
@@ -383,10 +451,6 @@ impl ScratchTier {
             };
             records += count;
             found += 1;
-        }
-        // Shards past a missing one cannot be numbered again: remove them.
-        for stray in tier.shard_files().into_iter().skip(found as usize) {
-            let _ = std::fs::remove_file(stray);
         }
         let held = tier.index.iter().filter(|l| l.load(Relaxed) != 0).count();
         tier.stored.store(held as u64, Relaxed);
@@ -515,7 +579,7 @@ impl ScratchTier {
         let mut a = self.appender.lock().unwrap_or_else(|e| e.into_inner());
         if !a.has_room(len) {
             let capacity = self.new_shard_capacity(len);
-            if !self.space.reserve(capacity) {
+            if !self.space.reserve(capacity, self) {
                 return None;
             }
             let mut shards = self.shards.write().unwrap_or_else(|e| e.into_inner());
@@ -523,7 +587,7 @@ impl ScratchTier {
             match self.create(number, capacity) {
                 Ok(shard) => {
                     let shard = Arc::new(shard);
-                    shards.push(shard.clone());
+                    shards.push(Some(shard.clone()));
                     *a = Appender {
                         shard: Some(shard),
                         tail: HEADER_BYTES,
@@ -550,6 +614,7 @@ impl ScratchTier {
             .unwrap_or_else(|e| e.into_inner())
             .get(number as usize)
             .cloned()
+            .flatten()
     }
 
     /// Where the payload of `index` lies in `shard` (entry `slot`) and its checksum, or why the
@@ -641,8 +706,63 @@ impl ScratchTier {
 
     /// The sample's record, if the tier holds a valid copy: one read of the disk.
     pub fn read(&self, index: u64) -> Option<Bytes> {
+        self.last_used.store(self.space.now(), Relaxed);
         self.lookup(index, |t, shard, slot| t.read_record(shard, slot, index))
             .map(Bytes::from)
+    }
+
+    /// Removes the oldest shard but the one being filled, to give its space to another
+    /// dataset: its records are forgotten first, then its file is removed and its bytes given
+    /// back. A crash in between leaves a whole shard whose records are found again; a read that
+    /// found the shard before goes on reading the removed file's blocks, which stay until it is
+    /// closed: no read ever sees another record's bytes. False when there is no such shard.
+    pub fn evict_oldest_shard(&self) -> bool {
+        let filling = {
+            let a = self.appender.lock().unwrap_or_else(|e| e.into_inner());
+            a.shard.as_ref().map(|s| s.number)
+        };
+        let victim = {
+            let mut shards = self.shards.write().unwrap_or_else(|e| e.into_inner());
+            let found = shards
+                .iter_mut()
+                .find(|s| s.as_ref().is_some_and(|s| Some(s.number) != filling));
+            match found {
+                Some(slot) => slot.take(),
+                None => None,
+            }
+        };
+        let Some(shard) = victim else {
+            return false;
+        };
+        let forgotten = self.forget_shard(shard.number);
+        self.remove_shard_file(&shard);
+        tracing::info!(dir = %self.dir.display(), shard = shard.number, records = forgotten, bytes = shard.capacity, "scratch shard removed to make room for another dataset");
+        true
+    }
+
+    /// Forgets every record of shard `number`; how many there were.
+    fn forget_shard(&self, number: u64) -> u64 {
+        let mut forgotten = 0;
+        for loc in self.index.iter() {
+            let l = loc.load(Ordering::Acquire);
+            if l != 0
+                && unpack(l).0 == number
+                && loc.compare_exchange(l, 0, Relaxed, Relaxed).is_ok()
+            {
+                forgotten += 1;
+            }
+        }
+        self.stored.fetch_sub(forgotten, Relaxed);
+        forgotten
+    }
+
+    /// Removes `shard`'s file and gives its bytes back to the budget.
+    fn remove_shard_file(&self, shard: &Shard) {
+        let _ = std::fs::remove_file(self.shard_path(shard.number));
+        let _ = self
+            .space
+            .used
+            .fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(shard.capacity)));
     }
 
     /// Whether the tier holds a valid copy of the sample.
@@ -674,6 +794,7 @@ impl ScratchTier {
         if index >= self.len || self.space.writes_paused() {
             return false;
         }
+        self.last_used.store(self.space.now(), Relaxed);
         let Some((shard, offset, slot)) = self.reserve(data.len() as u64) else {
             return false;
         };
@@ -754,6 +875,15 @@ impl ScratchTier {
 
 /// Gives `file` all the blocks of `size` bytes, and that length. (fs4's allocate alone leaves the
 /// length short when the blocks a file already has cover `size`.)
+/// The number of the shard file `path` (`shard-NNNNNN.bin`).
+fn shard_number(path: &Path) -> Option<u64> {
+    let name = path.file_name()?.to_str()?;
+    name.strip_prefix("shard-")?
+        .strip_suffix(".bin")?
+        .parse()
+        .ok()
+}
+
 /// The folder of a dataset's shards: its name (made safe for a path) and its fingerprint.
 fn folder_name(dataset: &str, fingerprint: u64) -> String {
     // A user's dataset USER/NAME keeps its '/' apart as '@' (no other character becomes one):
@@ -994,6 +1124,105 @@ mod tests {
         assert!(!t.write(4, &sample(4)));
         assert!(t.read(4).is_none());
         assert!(space.snapshot().used <= space.snapshot().budget);
+    }
+
+    /// Two datasets: "a" filled the budget and has gone quiet; "b" needs room.
+    fn quiet_a_and_b(
+        dir: &Path,
+        quiet: Duration,
+    ) -> (Arc<ScratchSpace>, Arc<ScratchTier>, Arc<ScratchTier>) {
+        // Room for three shards of 4 records.
+        let space = ScratchSpace::with_quiet_after(dir, 3 * SHARD4, quiet);
+        let a = Arc::new(ScratchTier::open(&space, "a", 1, 10, 16, SHARD4).unwrap());
+        space.register(&a);
+        for i in 0..10 {
+            assert!(a.write(i, &sample(i)));
+        }
+        let b = Arc::new(ScratchTier::open(&space, "b", 2, 10, 16, SHARD4).unwrap());
+        space.register(&b);
+        (space, a, b)
+    }
+
+    #[test]
+    fn a_quiet_dataset_gives_its_oldest_shards_to_another_and_every_byte_read_is_right() {
+        let dir = tempfile::tempdir().unwrap();
+        let (space, a, b) = quiet_a_and_b(dir.path(), Duration::ZERO);
+        for i in 0..8 {
+            assert!(b.write(i, &sample(100 + i)), "b takes a's oldest shards");
+        }
+        // a gave up its two full shards (samples 0-7), oldest first, and kept the one it was
+        // filling (8, 9).
+        assert!(space.snapshot().used <= 3 * SHARD4);
+        for i in 0..8 {
+            assert_eq!(b.read(i).unwrap(), sample(100 + i));
+            assert!(a.read(i).is_none(), "sample {i} of a is gone");
+        }
+        for i in 8..10 {
+            assert_eq!(a.read(i).unwrap(), sample(i));
+        }
+        assert_eq!(a.shard_files().len(), 1);
+        // A restart finds the same: a's remaining shard (after a gap), b's two.
+        drop((a, b));
+        let space = ScratchSpace::open(dir.path(), Some(3 * SHARD4)).unwrap();
+        let a = ScratchTier::open(&space, "a", 1, 10, 16, SHARD4).unwrap();
+        let b = ScratchTier::open(&space, "b", 2, 10, 16, SHARD4).unwrap();
+        let on_disk: u64 = (a.shard_files().iter().chain(&b.shard_files()))
+            .map(|p| std::fs::metadata(p).unwrap().len())
+            .sum();
+        assert_eq!(space.snapshot().used, on_disk);
+        assert!(on_disk <= 3 * SHARD4);
+        for i in 0..10 {
+            assert_eq!(a.read(i), (i >= 8).then(|| sample(i).into()));
+            assert_eq!(b.read(i), (i < 8).then(|| sample(100 + i).into()));
+        }
+        // a goes on filling after its gap: a new shard, numbered after the last.
+        assert!(!a.write(0, &sample(0)), "no room: b is not quiet yet");
+    }
+
+    #[test]
+    fn a_dataset_in_use_keeps_its_shards() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_space, a, b) = quiet_a_and_b(dir.path(), Duration::from_secs(3600));
+        assert!(!b.write(0, &sample(100)), "a was used just now: b waits");
+        for i in 0..10 {
+            assert_eq!(a.read(i).unwrap(), sample(i));
+        }
+    }
+
+    #[test]
+    fn a_crash_during_eviction_loses_nothing_that_is_not_refetched_and_serves_no_wrong_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_space, a, _b) = quiet_a_and_b(dir.path(), Duration::ZERO);
+        // The crash between forgetting shard 0's records and removing its file: the next
+        // daemon finds the whole shard and serves its records again.
+        let victim = a.shards.write().unwrap()[0].take().unwrap();
+        assert_eq!(a.forget_shard(0), 4);
+        assert!(a.read(0).is_none());
+        drop((a, _b, _space));
+        let space = ScratchSpace::open(dir.path(), Some(3 * SHARD4)).unwrap();
+        let a = ScratchTier::open(&space, "a", 1, 10, 16, SHARD4).unwrap();
+        for i in 0..10 {
+            assert_eq!(a.read(i).unwrap(), sample(i), "sample {i}");
+        }
+        // The crash just after the file went: its records are gone (refetched from raw
+        // storage), every other one is served as written.
+        a.remove_shard_file(&victim);
+        drop(a);
+        let a = ScratchTier::open(&space, "a", 1, 10, 16, SHARD4).unwrap();
+        for i in 0..10 {
+            assert_eq!(a.read(i), (i >= 4).then(|| sample(i).into()), "sample {i}");
+        }
+    }
+
+    #[test]
+    fn a_read_of_a_shard_being_removed_gets_its_own_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_space, a, _b) = quiet_a_and_b(dir.path(), Duration::ZERO);
+        // A reader that found shard 0 before it went keeps reading the removed file.
+        let shard = a.shard(0).unwrap();
+        assert!(a.evict_oldest_shard());
+        assert!(!a.shard_files().iter().any(|p| shard_number(p) == Some(0)));
+        assert_eq!(a.read_record(&shard, 0, 0).unwrap(), sample(0));
     }
 
     #[test]

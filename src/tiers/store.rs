@@ -110,7 +110,9 @@ impl Store {
         );
         match opened {
             Ok(tier) => {
-                tiers.insert(ds.id, Arc::new(tier));
+                let tier = Arc::new(tier);
+                space.register(&tier);
+                tiers.insert(ds.id, tier);
             }
             Err(e) => {
                 tracing::error!(dataset = %ds.name, "no scratch tier for this dataset: {e:#}")

@@ -281,14 +281,16 @@ class StreamBatchesRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., sequential: bool = ..., drop_last: bool = ..., fields: _Optional[_Iterable[str]] = ..., variable_layout: _Optional[_Union[VariableLayout, str]] = ..., layout_version: _Optional[int] = ..., shm_ring: _Optional[bytes] = ..., held_slots: _Optional[_Iterable[int]] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., start_sample: _Optional[int] = ..., start_step: _Optional[int] = ..., even_batches: bool = ..., pipeline: _Optional[str] = ...) -> None: ...
 
 class StreamPlan(_message.Message):
-    __slots__ = ["num_batches", "num_samples", "slot_bytes"]
+    __slots__ = ["num_batches", "num_samples", "prefetch_batches", "slot_bytes"]
     NUM_BATCHES_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_BATCHES_FIELD_NUMBER: _ClassVar[int]
     SLOT_BYTES_FIELD_NUMBER: _ClassVar[int]
     num_batches: int
     num_samples: int
+    prefetch_batches: int
     slot_bytes: int
-    def __init__(self, num_batches: _Optional[int] = ..., num_samples: _Optional[int] = ..., slot_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, num_batches: _Optional[int] = ..., num_samples: _Optional[int] = ..., slot_bytes: _Optional[int] = ..., prefetch_batches: _Optional[int] = ...) -> None: ...
 
 class TierStats(_message.Message):
     __slots__ = ["bytes", "hits", "tier"]
