@@ -334,6 +334,9 @@ pub struct ScratchTier {
     shards: RwLock<Vec<Option<Arc<Shard>>>>,
     /// When a stream last read or wrote a record (`ScratchSpace::now`).
     last_used: AtomicU64,
+    /// The number of the shard being filled (u64::MAX: none), kept apart from the appender's
+    /// lock so that another dataset's writer making room never waits on this one's.
+    filling: AtomicU64,
     /// Per sample: 0 if absent, else (shard number + 1) << 32 | entry number.
     index: Vec<AtomicU64>,
     /// Records stored and their payload bytes (for sizing new shards).
@@ -416,6 +419,7 @@ impl ScratchTier {
             record_estimate: record_estimate.max(1),
             shards: RwLock::new(vec![]),
             last_used: AtomicU64::new(space.now()),
+            filling: AtomicU64::new(u64::MAX),
             index: (0..len).map(|_| AtomicU64::new(0)).collect(),
             stored: AtomicU64::new(0),
             stored_bytes: AtomicU64::new(0),
@@ -444,6 +448,7 @@ impl ScratchTier {
             shards.resize(number as usize, None);
             shards.push(Some(shard.clone()));
             drop(shards);
+            tier.filling.store(number, Relaxed);
             *tier.appender.lock().unwrap() = Appender {
                 shard: Some(shard),
                 tail,
@@ -588,6 +593,7 @@ impl ScratchTier {
                 Ok(shard) => {
                     let shard = Arc::new(shard);
                     shards.push(Some(shard.clone()));
+                    self.filling.store(number, Relaxed);
                     *a = Appender {
                         shard: Some(shard),
                         tail: HEADER_BYTES,
@@ -686,7 +692,16 @@ impl ScratchTier {
             return None;
         }
         let (number, slot) = unpack(loc);
-        let shard = self.shard(number)?;
+        let Some(shard) = self.shard(number) else {
+            // Written into a shard removed to make room while the write was under way.
+            if self.index[index as usize]
+                .compare_exchange(loc, 0, Relaxed, Relaxed)
+                .is_ok()
+            {
+                self.stored.fetch_sub(1, Relaxed);
+            }
+            return None;
+        };
         match get(self, &shard, slot) {
             Ok(found) => Some(found),
             Err(why) => {
@@ -717,15 +732,13 @@ impl ScratchTier {
     /// found the shard before goes on reading the removed file's blocks, which stay until it is
     /// closed: no read ever sees another record's bytes. False when there is no such shard.
     pub fn evict_oldest_shard(&self) -> bool {
-        let filling = {
-            let a = self.appender.lock().unwrap_or_else(|e| e.into_inner());
-            a.shard.as_ref().map(|s| s.number)
-        };
         let victim = {
             let mut shards = self.shards.write().unwrap_or_else(|e| e.into_inner());
+            // Read under the shards' lock, which a new shard is made under.
+            let filling = self.filling.load(Relaxed);
             let found = shards
                 .iter_mut()
-                .find(|s| s.as_ref().is_some_and(|s| Some(s.number) != filling));
+                .find(|s| s.as_ref().is_some_and(|s| s.number != filling));
             match found {
                 Some(slot) => slot.take(),
                 None => None,
