@@ -234,7 +234,9 @@ impl Drop for StreamHandle {
         streams.lock().remove(&self.state.id);
         streams.metrics.stream_closed();
         let s = self.state.snapshot();
-        let finished = s.next_batch >= s.spec.plan.num_batches;
+        // Finished: it served its epoch to the end (a stream opened at its end served nothing
+        // and leaves no next epoch to expect).
+        let finished = s.batches > 0 && s.next_batch >= s.spec.plan.num_batches;
         streams.memory.stream_closed(s.id, finished);
         let (open, stalled) = (s.open.as_secs_f64(), s.stalled.as_secs_f64());
         tracing::info!(

@@ -132,7 +132,7 @@ impl RingBytes {
 
     fn tell(&self) {
         if let Some(m) = &self.memory {
-            m.set_reserved(self.load());
+            m.reserve_from(&self.bytes);
         }
     }
 }
@@ -150,10 +150,12 @@ impl Rings {
         Rings::make(budget, None)
     }
 
-    /// Rings within `budget` bytes whose bytes `memory` leaves room for (its limit is its
-    /// budget less what the rings take).
+    /// Rings within `budget` bytes and half the memory tier's budget, whose bytes `memory`
+    /// leaves room for (its limit is its budget less what the rings take): however many rings
+    /// clients open, the tier keeps at least half its budget.
     pub fn within(budget: u64, memory: Arc<MemoryTier>) -> Arc<Rings> {
-        Rings::make(budget, Some(memory))
+        let half = memory.snapshot().budget / 2;
+        Rings::make(budget.min(half), Some(memory))
     }
 
     fn make(budget: u64, memory: Option<Arc<MemoryTier>>) -> Arc<Rings> {
@@ -214,7 +216,8 @@ impl Rings {
         if let Err(used) = self.used.reserve(size, self.budget) {
             return Err(Refusal::Exhausted(format!(
                 "a ring of {slots} slots of {slot_bytes} bytes ({size} bytes) does not fit: \
-                 rings take {used} of the daemon's {} bytes for shared memory (shm.budget_bytes)",
+                 rings take {used} of the daemon's {} bytes for shared memory (shm.budget_bytes, \
+                 or half of memory.budget_bytes if that is less)",
                 self.budget
             )));
         }

@@ -42,7 +42,8 @@ struct Inner {
     limit: u64,
     /// The limit the machine's available memory allows (`set_limit`).
     watched: u64,
-    /// Bytes of the budget taken by other things (the shared-memory rings).
+    /// Bytes of the budget taken by other things (the shared-memory rings). The policy's own
+    /// bookkeeping beyond the entries (the open streams' futures) is taken off too.
     reserved: u64,
     /// Lookup counter, the clock policies measure time in.
     clock: u64,
@@ -226,6 +227,8 @@ impl MemoryTier {
         let mut inner = self.lock();
         let now = inner.clock;
         inner.timed(|p| p.on_stream(event, now));
+        // The streams' futures take memory of the budget too.
+        inner.apply_limit();
     }
 
     /// Lowers (or restores, up to the budget less what is reserved) the byte limit, evicting at
@@ -239,8 +242,14 @@ impl MemoryTier {
     /// Leaves `bytes` of the budget to something else (the shared-memory rings), evicting at the
     /// policy's word until the tier fits in the rest.
     pub fn set_reserved(&self, bytes: u64) {
+        self.reserve_from(&std::sync::atomic::AtomicU64::new(bytes));
+    }
+
+    /// As `set_reserved`, with the bytes read from `counter` under the tier's lock (so that
+    /// changes told at once cannot land in the wrong order).
+    pub fn reserve_from(&self, counter: &std::sync::atomic::AtomicU64) {
         let mut inner = self.lock();
-        inner.reserved = bytes;
+        inner.reserved = counter.load(std::sync::atomic::Ordering::Acquire);
         inner.apply_limit();
     }
 
@@ -263,7 +272,8 @@ impl MemoryTier {
 
 impl Inner {
     fn apply_limit(&mut self) {
-        self.limit = self.watched.min(self.budget.saturating_sub(self.reserved));
+        let others = self.reserved + self.policy.extra_bytes() as u64;
+        self.limit = self.watched.min(self.budget.saturating_sub(others));
         while self.bytes > self.limit {
             let now = self.clock;
             match self.timed(|p| p.victim(now)) {

@@ -125,6 +125,12 @@ impl ScratchSpace {
         tiers.push(Arc::downgrade(tier));
     }
 
+    /// No longer counts `tier` (its dataset is gone: its folder is idle, whole).
+    pub fn deregister(&self, tier: &ScratchTier) {
+        let mut tiers = self.tiers.lock().unwrap_or_else(|e| e.into_inner());
+        tiers.retain(|t| t.upgrade().is_some_and(|t| !std::ptr::eq(t.as_ref(), tier)));
+    }
+
     /// Milliseconds since the space opened (tiers note their last use in it).
     fn now(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
@@ -431,10 +437,11 @@ impl ScratchTier {
         };
         // Shards are numbered in the order they were made; some may have been removed to make
         // room (a gap), and the last one is the one to go on filling.
+        // Only names the tier would have made (`shard-000001.bin`, not `shard-1.bin`).
         let mut numbers: Vec<u64> = tier
             .shard_files()
             .iter()
-            .filter_map(|p| shard_number(p))
+            .filter_map(|p| shard_number(p).filter(|&n| *p == tier.shard_path(n)))
             .collect();
         numbers.sort_unstable();
         let (mut found, mut records) = (0, 0);
@@ -895,6 +902,7 @@ fn shard_number(path: &Path) -> Option<u64> {
         .strip_suffix(".bin")?
         .parse()
         .ok()
+        .filter(|&n| n < 1 << 32)
 }
 
 /// The folder of a dataset's shards: its name (made safe for a path) and its fingerprint.

@@ -139,6 +139,7 @@ impl Store {
         };
         if !tiers.values().any(|t| Arc::ptr_eq(t, &tier)) {
             if let Some(space) = &self.scratch_space {
+                space.deregister(&tier);
                 space.retire(tier.dir());
             }
         }

@@ -32,6 +32,8 @@ use std::sync::Arc;
 const MIN_GAP: u64 = 256;
 /// Lookups over which a stream's speed is measured.
 const RATE_WINDOW: u64 = 256;
+/// Most finished streams kept waiting for their next epoch (the oldest go first).
+const MAX_GHOSTS: usize = 64;
 
 /// The streams on one order (a job's ranks and workers, jobs on one seed): the order is looked
 /// up once per sample for all of them.
@@ -64,8 +66,9 @@ struct Cursor {
 
 /// An entry's place in the policy.
 struct Node {
-    /// Which of the entry's heap items is current.
-    gen: u32,
+    /// Which of the entry's heap items is current (unique over the policy's life: an item
+    /// left from an earlier stay of the same sample never matches).
+    gen: u64,
     /// Its weight class (`class_of`).
     class: i8,
     /// The clock of its next use as predicted; infinite: no open stream will read it.
@@ -77,7 +80,7 @@ struct Node {
 /// An entry in a heap, as of generation `gen`.
 struct Item {
     due: f64,
-    gen: u32,
+    gen: u64,
     key: Key,
 }
 
@@ -115,6 +118,8 @@ pub struct NextUse {
     dirty: bool,
     /// The clock of the last rebuild.
     rebuilt: u64,
+    /// The last generation given out.
+    generation: u64,
     /// The last newcomer's predicted next use and the clock it was predicted at: its insert
     /// follows at once and need not look it up in every order again.
     newcomer: Option<(Key, u64, f64)>,
@@ -131,6 +136,7 @@ impl NextUse {
             dirty: false,
             rebuilt: 0,
             newcomer: None,
+            generation: 0,
         }
     }
 
@@ -170,7 +176,8 @@ impl NextUse {
         if touched {
             node.used = clock;
         }
-        node.gen = node.gen.wrapping_add(1);
+        self.generation += 1;
+        node.gen = self.generation;
         node.due = due;
         if due.is_infinite() {
             self.idle.insert((node.used, key));
@@ -185,15 +192,31 @@ impl NextUse {
         }
     }
 
-    /// Drops finished streams whose successor never came, and rebuilds the heaps when streams
-    /// changed or the predictions have aged.
-    fn refresh(&mut self, clock: u64) {
+    /// Drops finished streams whose successor never came (and the oldest beyond `MAX_GHOSTS`).
+    fn expire(&mut self, clock: u64) {
         let before = self.streams();
         for g in &mut self.groups {
             g.cursors.retain(|c| c.expires.is_none_or(|e| e > clock));
         }
+        let mut ghosts: Vec<(u64, u64)> = (self.groups.iter().flat_map(|g| &g.cursors))
+            .filter_map(|c| c.expires.map(|e| (e, c.id)))
+            .collect();
+        if ghosts.len() > MAX_GHOSTS {
+            ghosts.sort_unstable();
+            for &(_, id) in &ghosts[..ghosts.len() - MAX_GHOSTS] {
+                for g in &mut self.groups {
+                    g.cursors.retain(|c| c.id != id);
+                }
+            }
+        }
         self.groups.retain(|g| !g.cursors.is_empty());
         self.dirty |= self.streams() != before;
+    }
+
+    /// Drops expired finished streams, and rebuilds the heaps when streams changed or the
+    /// predictions have aged.
+    fn refresh(&mut self, clock: u64) {
+        self.expire(clock);
         let since = clock.saturating_sub(self.rebuilt);
         let period = (self.entries.len() as u64 * 2).max(4096);
         let aged = since >= period && !self.groups.is_empty();
@@ -209,7 +232,8 @@ impl NextUse {
         let mut heaps: BTreeMap<i8, Vec<Item>> = BTreeMap::new();
         self.idle.clear();
         for (key, node) in self.entries.iter_mut() {
-            node.gen = node.gen.wrapping_add(1);
+            self.generation += 1;
+            node.gen = self.generation;
             node.due = due_of(&self.groups, key);
             if node.due.is_infinite() {
                 self.idle.insert((node.used, *key));
@@ -355,6 +379,7 @@ impl Eviction for NextUse {
 
     fn on_stream(&mut self, event: StreamEvent, clock: u64) {
         self.newcomer = None;
+        self.expire(clock);
         match event {
             StreamEvent::Opened {
                 id,
@@ -465,6 +490,7 @@ impl Eviction for NextUse {
 
 #[cfg(test)]
 mod tests {
+    use super::MAX_GHOSTS;
     use crate::sampler::epoch_order;
     use crate::tiers::future::OrderKey;
     use crate::tiers::memory::{MemoryTier, PolicyName, ENTRY_OVERHEAD};
@@ -481,13 +507,16 @@ mod tests {
     }
 
     const N: u64 = 400;
+    static SAMPLE: [u8; 4096] = [1; 4096];
     const BATCH: u64 = 10;
 
     /// Runs `jobs` over one dataset of N samples through a tier of `slots` entries of
     /// `policy`, batch by batch in turn, telling the tier where each stream is as the daemon
     /// does. Returns the lookups in order and which were hits.
     fn run(policy: PolicyName, jobs: &[Job], slots: u64) -> (Vec<u64>, Vec<bool>) {
-        let tier = MemoryTier::named(slots * (1 + ENTRY_OVERHEAD), policy);
+        // Samples of 4 kB: the orders the policy keeps (1.6 kB each, taken off the budget too)
+        // cost the tier at most an entry or two.
+        let tier = MemoryTier::named(slots * (SAMPLE.len() as u64 + ENTRY_OVERHEAD), policy);
         struct State {
             job: Job,
             epoch: u64,
@@ -545,7 +574,7 @@ mod tests {
                     let s = state.order[p as usize];
                     let hit = tier.get(&(0, s)).is_some();
                     if !hit {
-                        tier.insert((0, s), Bytes::from_static(&[1]), 1);
+                        tier.insert((0, s), Bytes::from_static(&SAMPLE), 1);
                     }
                     trace.push(s);
                     hits.push(hit);
@@ -694,9 +723,69 @@ mod tests {
     }
 
     #[test]
+    fn futures_count_in_the_budget_and_finished_streams_waiting_are_capped() {
+        let budget = 1 << 24;
+        let tier = MemoryTier::new(budget);
+        let key = |seed| OrderKey {
+            dataset: 0,
+            num_samples: 10_000,
+            seed,
+            epoch: 0,
+            shuffle: true,
+        };
+        // Streams that read their whole epoch and end: each leaves its next epoch known.
+        for seed in 0..200 {
+            tier.stream_opened(seed, key(seed), 0);
+            tier.stream_at(seed, 10_000);
+            tier.stream_closed(seed, true);
+        }
+        let s = tier.snapshot();
+        let per_stream = 2 * 40_000;
+        assert!(s.policy_bytes >= MAX_GHOSTS as u64 * per_stream);
+        assert!(s.policy_bytes <= (MAX_GHOSTS as u64 + 1) * (per_stream + 1024));
+        assert_eq!(
+            s.limit,
+            budget - s.policy_bytes,
+            "taken off the tier's budget"
+        );
+        tier.set_reserved(1 << 20);
+        assert_eq!(tier.snapshot().limit, budget - s.policy_bytes - (1 << 20));
+    }
+
+    #[test]
+    fn a_sample_evicted_and_taken_in_again_is_placed_by_its_new_prediction() {
+        let tier = MemoryTier::new(2 * (SAMPLE.len() as u64 + ENTRY_OVERHEAD) + 1024);
+        let one = || Bytes::from_static(&SAMPLE);
+        let key = OrderKey {
+            dataset: 0,
+            num_samples: 100,
+            seed: 5,
+            epoch: 0,
+            shuffle: false,
+        };
+        tier.stream_opened(1, key, 0);
+        // 90 is held, used and let go, then taken in again while 10 and 20 are held.
+        assert!(tier.insert((0, 90), one(), 1));
+        assert!(tier.get(&(0, 90)).is_some());
+        assert!(tier.insert((0, 10), one(), 1));
+        assert!(tier.insert((0, 20), one(), 1), "90 is read last: it goes");
+        assert!(tier.peek(&(0, 90)).is_none());
+        tier.stream_at(1, 15);
+        assert!(tier.get(&(0, 10)).is_some());
+        // Now 10 was read (next epoch) and 90 comes before it: 90 in, 10 out.
+        assert!(tier.insert((0, 90), one(), 1));
+        assert!(tier.peek(&(0, 10)).is_none());
+        // 30 comes before 90 and 20 is sooner still: 90 goes, not by an old prediction.
+        assert!(tier.insert((0, 30), one(), 1));
+        assert!(tier.peek(&(0, 90)).is_none());
+        assert!(tier.peek(&(0, 20)).is_some());
+    }
+
+    #[test]
     fn entries_no_stream_reads_go_first_and_a_newcomer_without_a_future_stays_out() {
-        let tier = MemoryTier::new(3 * (1 + ENTRY_OVERHEAD));
-        let one = || Bytes::from_static(&[1]);
+        // Room for three entries, and the stream's order (taken off the budget too).
+        let tier = MemoryTier::new(3 * (SAMPLE.len() as u64 + ENTRY_OVERHEAD) + 1024);
+        let one = || Bytes::from_static(&SAMPLE);
         // Dataset 9 is nobody's: its entry goes before any of dataset 0's.
         assert!(tier.insert((9, 0), one(), 1));
         let key = OrderKey {
@@ -723,7 +812,7 @@ mod tests {
     fn weighs_the_bytes_held_against_the_bytes_a_miss_reads() {
         // Two entries due at the same time: the one holding more memory per byte its miss
         // reads goes.
-        let tier = MemoryTier::new(2 * (1000 + ENTRY_OVERHEAD) + 10);
+        let tier = MemoryTier::new(2 * (1000 + ENTRY_OVERHEAD) + 1024);
         let key = OrderKey {
             dataset: 0,
             num_samples: 100,
