@@ -66,6 +66,9 @@ pub struct Plan {
     bounds: Vec<usize>,
     /// The rank's loader step of each batch.
     pub steps: Vec<u64>,
+    /// How many of each batch's samples, at its end, are padding (positions past the epoch's
+    /// end, wrapped to its start) rather than the epoch's own.
+    padding: Vec<u32>,
     pub num_batches: u64,
     pub start_batch: u64,
     /// For `resume_sample`: samples in the epoch, where this plan started, samples per round.
@@ -132,6 +135,7 @@ impl Plan {
         let mut samples = vec![];
         let mut bounds = vec![0];
         let mut steps = vec![];
+        let mut padding = vec![];
         // Position p of the order, wrapping to its start for padding.
         let at = |p: u64| order[(p % n.max(1)) as usize];
         let mut push = |step: u64, from: u64, len: u64| {
@@ -139,6 +143,7 @@ impl Plan {
                 samples.extend((from..from + len).map(at));
                 bounds.push(samples.len());
                 steps.push(step);
+                padding.push((from + len).saturating_sub(n.max(from)) as u32);
             }
         };
         for t in 0..full_rounds {
@@ -170,12 +175,18 @@ impl Plan {
             samples,
             bounds,
             steps,
+            padding,
             num_batches,
             start_batch: req.start_batch,
             num_samples: n,
             start_sample: req.start_sample,
             round,
         })
+    }
+
+    /// How many samples at the end of batch `b` are padding.
+    pub fn padding(&self, b: u64) -> u32 {
+        self.padding[b as usize]
     }
 
     /// Sample indices of batch `b`.
@@ -346,6 +357,46 @@ mod sharding_tests {
         }
         out.sort();
         out
+    }
+
+    #[test]
+    fn padding_is_marked_so_that_evaluation_counts_every_sample_once() {
+        // 101 samples, 2 ranks, batches of 8, with 1 and 3 DataLoader workers.
+        for nw in [1, 3] {
+            let mut real = vec![];
+            let mut batches_per_rank = [0u64; 2];
+            for rank in 0..2 {
+                for worker in 0..nw {
+                    let p = Plan::new(plan(101, 8, rank, 2, worker, nw)).unwrap();
+                    batches_per_rank[rank as usize] += p.num_batches;
+                    for b in 0..p.num_batches {
+                        let batch = p.batch(b);
+                        let pad = p.padding(b) as usize;
+                        assert!(pad <= batch.len());
+                        real.extend_from_slice(&batch[..batch.len() - pad]);
+                    }
+                }
+            }
+            assert_eq!(
+                batches_per_rank[0], batches_per_rank[1],
+                "equal batch counts"
+            );
+            real.sort_unstable();
+            assert_eq!(
+                real,
+                (0..101).collect::<Vec<_>>(),
+                "{nw} workers: each once"
+            );
+        }
+        // No padding without even_batches, nor when the rounds come out even.
+        let p = Plan::new(PlanRequest {
+            even_batches: false,
+            ..plan(101, 8, 1, 2, 0, 1)
+        })
+        .unwrap();
+        assert!((0..p.num_batches).all(|b| p.padding(b) == 0));
+        let p = Plan::new(plan(96, 8, 1, 2, 0, 1)).unwrap();
+        assert!((0..p.num_batches).all(|b| p.padding(b) == 0));
     }
 
     #[test]

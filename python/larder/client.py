@@ -109,7 +109,8 @@ class Batch(Mapping):
     samples; `images` and `labels` are the "image" and "label" fields.
     """
 
-    __slots__ = ("index", "num_batches", "step", "resume_sample", "sample_ids", "fields", "lengths")
+    __slots__ = ("index", "num_batches", "step", "resume_sample", "sample_ids", "fields", "lengths",
+                 "padding")
 
     def __init__(self, msg: "Union[pb.Batch, RawBatch]", slot: Optional[np.ndarray] = None):
         raw = None
@@ -122,6 +123,10 @@ class Batch(Mapping):
         self.step: int = msg.step
         self.resume_sample: int = msg.resume_sample
         self.sample_ids: np.ndarray = np.asarray(msg.sample_ids, dtype=np.int64)
+        # The last `padding` samples repeat samples from the start of the epoch's order, so that
+        # every rank gets as many batches (even_batches): count them out of evaluation metrics
+        # (`valid`). Daemons before this field send 0.
+        self.padding: int = getattr(msg, "padding", 0)
         n = len(self.sample_ids)
         self.fields: Dict[str, Union[np.ndarray, Ragged]] = {}
         self.lengths: Dict[str, np.ndarray] = {}
@@ -147,6 +152,16 @@ class Batch(Mapping):
     def size(self) -> int:
         """Samples in the batch."""
         return len(self.sample_ids)
+
+    @property
+    def valid(self) -> np.ndarray:
+        """bool [size]: False for the padding samples at the batch's end (see `padding`): an
+        evaluation that counts `valid` samples only counts every sample of the epoch exactly
+        once across all ranks, while every rank still gets the same number of batches."""
+        mask = np.ones(len(self.sample_ids), dtype=bool)
+        if self.padding:
+            mask[len(mask) - self.padding:] = False
+        return mask
 
     @property
     def images(self) -> np.ndarray:

@@ -97,6 +97,20 @@ class _EpochClock:
             self.__init__(state["epoch"], 0, 0)
 
 
+def exact_counts(correct: "torch.Tensor", valid: "torch.Tensor") -> Tuple[int, int]:
+    """(correct, total) over every rank, each sample counted once: `correct` is a bool (or
+    0/1) tensor per sample of this rank's evaluation batches, `valid` their masks (the
+    dataset's `valid=True`), each concatenated over the epoch or given batch by batch and
+    summed by the caller. Summed over the ranks when torch.distributed is initialized."""
+    counts = torch.stack([(correct.bool() & valid.to(correct.device)).sum(),
+                          valid.to(correct.device).sum()]).to(torch.int64)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if torch.distributed.get_backend() == "nccl" and not counts.is_cuda:
+            counts = counts.cuda()
+        torch.distributed.all_reduce(counts)
+    return int(counts[0]), int(counts[1])
+
+
 def to_float(
     images: torch.Tensor,
     device=None,
@@ -190,6 +204,12 @@ class LarderIterableDataset(IterableDataset):
     them. `even_batches` (default) gives every rank the same number of batches, repeating a few
     samples like `DistributedSampler`, so a DDP loop never waits on a rank that ran out.
 
+    Exact evaluation under DDP: with `valid=True` each batch comes with its validity mask as
+    one more element (or a "valid" entry), bool [B], False for the padding samples even_batches
+    adds to the last round; count `valid` samples only and all-reduce the counts
+    (`exact_counts`): every image is counted exactly once, and every rank still gets the same
+    number of batches (so a loop that all-reduces every batch, as timm's does, never waits).
+
     `pipeline="train"` gives each sample the dataset's random crop and flip (configured in the
     daemon, drawn from seed, epoch and sample id, so a resumed epoch is byte-identical);
     `"eval"` (default) its center crop. Samples whose files do not decode are left out of their
@@ -227,6 +247,7 @@ class LarderIterableDataset(IterableDataset):
         prefetch: int = 2,
         pin_memory: bool = False,
         pipeline: str = "eval",
+        valid: bool = False,
     ):
         super().__init__()
         # Bad arguments fail here rather than at the first batch (Client.stream's own checks).
@@ -248,6 +269,8 @@ class LarderIterableDataset(IterableDataset):
         self.prefetch = prefetch
         self.pin_memory = pin_memory
         self.pipeline = pipeline
+        # Yield each batch's validity mask too (bool [B], False for even_batches' padding).
+        self.valid = valid
         # What the training process saw when it handed this copy to a spawned DataLoader
         # worker, for the worker to use: "ddp", its (rank, world size), and "accelerate", its
         # place under Accelerate's dispatcher (see _accelerate_role). None: not handed over.
@@ -378,6 +401,9 @@ class LarderIterableDataset(IterableDataset):
             **self._shard(rank, world),
         ):
             out = batch.torch(self.fields)
+            if self.valid:
+                mask = torch.from_numpy(batch.valid)
+                out = {**out, "valid": mask} if isinstance(out, dict) else (*out, mask)
             position["batches"] += 1
             position["sample"] = batch.resume_sample
             del batch

@@ -102,7 +102,9 @@ def test_sigkill_mid_epoch_and_mid_warm_then_restart_serves_every_sample_exactly
         truth = {"image": f["image"][()], "aux": f["aux"][()], "label": f["labels"][()]}
     # 60 MB of samples, shards of 1 MiB (about 330 records each): the daemon writes many
     # shard files, several at each kill. Its memory tier holds a sixth of the data.
-    d = Daemon(tmp_path, DATASET.format(path=path), scratch="shard_bytes = 1048576\n")
+    # Rings may take at most half the memory budget: room for a ring of 9 batches of 100 kB.
+    d = Daemon(tmp_path, DATASET.format(path=path), scratch="shard_bytes = 1048576\n",
+               budget_bytes=64_000_000)
     try:
         # A stream reads an epoch, slowly, across two kills mid-warm: it reconnects to each
         # restarted daemon and goes on at its next batch. Its batches are checked at the end.

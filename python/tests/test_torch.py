@@ -237,3 +237,30 @@ def test_dataloader_workers_are_said_once_to_cost_a_copy(daemon, workers):
     assert said == (1 if workers else 0), out.stderr
     if workers:
         assert "num_workers=0" in out.stderr
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_evaluation_under_ranks_counts_every_sample_exactly_once(daemon, workers):
+    """300 samples on 7 ranks in batches of 8: even_batches pads the last round (the ranks get
+    the same number of batches); the validity mask leaves the padding out, so correct/total over
+    the ranks is over exactly the 300 samples."""
+    from larder.torch import exact_counts
+
+    per_rank, valid_ids, correct, total = [], [], 0, 0
+    for rank in range(7):
+        ds = LarderIterableDataset("train", 8, address=daemon.unix, shuffle=False, rank=rank,
+                                   world_size=7, valid=True)
+        batches = 0
+        for images, labels, valid in DataLoader(ds, batch_size=None, num_workers=workers):
+            assert valid.dtype == torch.bool and valid.shape == labels.shape
+            ids = sample_ids(images, labels)
+            valid_ids += [i for i, v in zip(ids, valid.tolist()) if v]
+            # A "model" right on even ids.
+            right = torch.tensor([i % 2 == 0 for i in ids])
+            c, t = exact_counts(right, valid)
+            correct, total = correct + c, total + t
+            batches += 1
+        per_rank.append(batches)
+    assert len(set(per_rank)) == 1, per_rank
+    assert sorted(valid_ids) == list(range(300))
+    assert (correct, total) == (150, 300)

@@ -235,6 +235,9 @@ pub async fn assemble(
 ) -> Result<(Batch, Option<Slot>)> {
     let planned = plan.batch(b);
     let fetched = futures::future::try_join_all(planned.iter().map(|&i| store.get(ds, i))).await?;
+    // The padding at the batch's end, less its samples skipped as bad.
+    let real = planned.len() - plan.padding(b) as usize;
+    let padding = fetched[real..].iter().filter(|s| s.is_some()).count() as u32;
     let (ids, samples): (Vec<u64>, Vec<Bytes>) = planned
         .iter()
         .zip(fetched)
@@ -269,6 +272,7 @@ pub async fn assemble(
         slot: slot.as_ref().map_or(0, |s| s.index() + 1),
         step: plan.steps[b as usize],
         resume_sample: plan.resume_sample(b),
+        padding,
         ..Default::default()
     };
     match sel.legacy {

@@ -35,12 +35,13 @@ class BadSample(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., index: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ["batch_index", "data", "fields", "labels", "num_batches", "resume_sample", "sample_ids", "shape", "slot", "step"]
+    __slots__ = ["batch_index", "data", "fields", "labels", "num_batches", "padding", "resume_sample", "sample_ids", "shape", "slot", "step"]
     BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     NUM_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    PADDING_FIELD_NUMBER: _ClassVar[int]
     RESUME_SAMPLE_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_IDS_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -51,12 +52,13 @@ class Batch(_message.Message):
     fields: _containers.RepeatedCompositeFieldContainer[FieldBatch]
     labels: _containers.RepeatedScalarFieldContainer[int]
     num_batches: int
+    padding: int
     resume_sample: int
     sample_ids: _containers.RepeatedScalarFieldContainer[int]
     shape: _containers.RepeatedScalarFieldContainer[int]
     slot: int
     step: int
-    def __init__(self, batch_index: _Optional[int] = ..., num_batches: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., sample_ids: _Optional[_Iterable[int]] = ..., fields: _Optional[_Iterable[_Union[FieldBatch, _Mapping]]] = ..., slot: _Optional[int] = ..., step: _Optional[int] = ..., resume_sample: _Optional[int] = ...) -> None: ...
+    def __init__(self, batch_index: _Optional[int] = ..., num_batches: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., sample_ids: _Optional[_Iterable[int]] = ..., fields: _Optional[_Iterable[_Union[FieldBatch, _Mapping]]] = ..., slot: _Optional[int] = ..., step: _Optional[int] = ..., resume_sample: _Optional[int] = ..., padding: _Optional[int] = ...) -> None: ...
 
 class DatasetInfo(_message.Message):
     __slots__ = ["bad_samples", "fields", "has_labels", "has_train_pipeline", "name", "num_samples", "owner", "sample_bytes", "sample_shape", "source"]
