@@ -88,6 +88,13 @@ async fn a_warmed_dataset_survives_a_restart_without_preprocessing_again() {
         progress.windows(2).all(|w| w[0].done <= w[1].done),
         "progress only grows"
     );
+    // The memory tier is primed as well: the first epoch finds part of it there.
+    let primed = stats(&d).await;
+    assert!(primed.memory_entries > 0 && primed.memory_bytes <= primed.memory_budget_bytes);
+    check_epoch(&full_epoch(&d, 0).await, n);
+    let s = stats(&d).await;
+    assert_eq!(hits(&s, "raw"), 0);
+    assert!(hits(&s, "memory") >= primed.memory_entries / 2, "{s:?}");
     // Warming again finds everything there.
     let again = warm(&d).await.unwrap();
     assert_eq!(again.last().unwrap().present, n);

@@ -265,10 +265,11 @@ impl Store {
         let mut chunks = futures::stream::iter((0..total).step_by(CHUNK as usize))
             .map(|start| {
                 let (ds, workers, scratch) = (ds.clone(), self.workers.clone(), scratch.clone());
+                let memory = self.memory.clone();
                 async move {
                     let count = CHUNK.min(total - start);
                     workers
-                        .run(move || warm_chunk(&ds, &scratch, start, count))
+                        .run(move || warm_chunk(&ds, &scratch, &memory, start, count))
                         .await?
                 }
             })
@@ -315,10 +316,14 @@ pub struct WarmProgress {
     pub bad: u64,
 }
 
-/// Warms samples `start..start + count`: (written, already present, bad, count).
+/// Warms samples `start..start + count`: (written, already present, bad, count). What it
+/// preprocesses is offered to the memory tier too, whose policy keeps what it would have kept
+/// had a stream read it (with no stream open, the most recent; with streams on the dataset,
+/// what they read soonest), so the first epoch after a warm starts with the memory tier primed.
 fn warm_chunk(
     ds: &Dataset,
     scratch: &ScratchTier,
+    memory: &MemoryTier,
     start: u64,
     count: u64,
 ) -> Result<(u64, u64, u64, u64)> {
@@ -355,7 +360,9 @@ fn warm_chunk(
             }
             Err(e) => return Err(sample_error(&e).into()),
         };
-        if !scratch.write(i, &data) {
+        let kept = scratch.write(i, &data);
+        memory.insert((ds.id, i), Bytes::from(data), ds.source.disk_bytes_of(i));
+        if !kept {
             return Err(Error::new(
                 Kind::Exhausted,
                 format!(
