@@ -264,3 +264,46 @@ def test_evaluation_under_ranks_counts_every_sample_exactly_once(daemon, workers
     assert len(set(per_rank)) == 1, per_rank
     assert sorted(valid_ids) == list(range(300))
     assert (correct, total) == (150, 300)
+
+
+def test_loader_takes_a_scripts_dataloader_arguments_and_answers_like_a_sampler(daemon, caplog):
+    """`larder.torch.loader` in place of `DataLoader(..., shuffle=True, num_workers=4,
+    sampler=DistributedSampler(...), pin_memory=True, persistent_workers=True)`: no worker
+    process, one log line of what it left aside, and the sampler/dataset answers scripts read."""
+    import logging
+
+    import larder.torch as lt
+
+    ds = LarderIterableDataset("train", 8, address=daemon.unix, seed=3, rank=1, world_size=2)
+    with caplog.at_level(logging.INFO, logger="larder"):
+        loader = lt.loader(ds, batch_size=8, shuffle=True, sampler=object(), num_workers=4,
+                           persistent_workers=True, prefetch_factor=4)
+    said = [r.getMessage() for r in caplog.records if r.name == "larder"]
+    assert len(said) == 1 and "num_workers=4" in said[0] and "sampler=object" in said[0], said
+    assert loader.num_workers == 0
+    assert len(loader.dataset) == 300, "the dataset's samples"
+    assert len(loader.sampler) == 150, "this rank's samples"
+    assert len(loader) == len(ds) == 19, "this rank's batches (150 in 8s, padded)"
+    loader.sampler.set_epoch(4)
+    seen = ids_of(loader)
+    same = LarderIterableDataset("train", 8, address=daemon.unix, seed=3, rank=1, world_size=2)
+    same.set_epoch(4)
+    assert seen == ids_of(DataLoader(same, batch_size=None)), "set_epoch picked epoch 4"
+    other = LarderIterableDataset("train", 8, address=daemon.unix, seed=3, rank=0, world_size=2)
+    other.set_epoch(4)
+    assert sorted(set(seen + ids_of(lt.loader(other)))) == list(range(300))
+    with pytest.raises(TypeError, match="LarderIterableDataset"):
+        lt.loader([1, 2, 3])
+
+
+def test_batches_come_normalized_in_the_dtype_and_layout_asked(daemon):
+    mean, std = (0.5, 0.25), (0.5, 0.125)
+    plain = LarderIterableDataset("train", 10, address=daemon.unix, seed=2)
+    ready = LarderIterableDataset("train", 10, address=daemon.unix, seed=2, normalize=(mean, std),
+                                  device="cpu", dtype=torch.float64, channels_last=True)
+    for (raw, labels), (x, y) in zip(DataLoader(plain, batch_size=None), DataLoader(ready, batch_size=None)):
+        assert x.dtype == torch.float64 and x.is_contiguous(memory_format=torch.channels_last)
+        expect = (raw.double() / 255 - torch.tensor(mean, dtype=torch.float64).view(1, 2, 1, 1)) \
+            / torch.tensor(std, dtype=torch.float64).view(1, 2, 1, 1)
+        assert torch.allclose(x, expect, atol=1e-5)
+        assert torch.equal(labels, y)
