@@ -226,9 +226,12 @@ impl MemoryTier {
     fn tell(&self, event: StreamEvent) {
         let mut inner = self.lock();
         let now = inner.clock;
+        let moved = matches!(event, StreamEvent::At { .. });
         inner.timed(|p| p.on_stream(event, now));
-        // The streams' futures take memory of the budget too.
-        inner.apply_limit();
+        // The streams' futures take memory of the budget too (a stream moving on changes none).
+        if !moved {
+            inner.apply_limit();
+        }
     }
 
     /// Lowers (or restores, up to the budget less what is reserved) the byte limit, evicting at

@@ -198,10 +198,13 @@ impl NextUse {
         for g in &mut self.groups {
             g.cursors.retain(|c| c.expires.is_none_or(|e| e > clock));
         }
-        let mut ghosts: Vec<(u64, u64)> = (self.groups.iter().flat_map(|g| &g.cursors))
-            .filter_map(|c| c.expires.map(|e| (e, c.id)))
-            .collect();
-        if ghosts.len() > MAX_GHOSTS {
+        let waiting = (self.groups.iter().flat_map(|g| &g.cursors))
+            .filter(|c| c.expires.is_some())
+            .count();
+        if waiting > MAX_GHOSTS {
+            let mut ghosts: Vec<(u64, u64)> = (self.groups.iter().flat_map(|g| &g.cursors))
+                .filter_map(|c| c.expires.map(|e| (e, c.id)))
+                .collect();
             ghosts.sort_unstable();
             for &(_, id) in &ghosts[..ghosts.len() - MAX_GHOSTS] {
                 for g in &mut self.groups {
@@ -220,10 +223,21 @@ impl NextUse {
         let since = clock.saturating_sub(self.rebuilt);
         let period = (self.entries.len() as u64 * 2).max(4096);
         let aged = since >= period && !self.groups.is_empty();
-        let bloated = self.items > 3 * self.entries.len() + 1024;
-        if (self.dirty && since >= MIN_GAP) || aged || bloated {
+        if (self.dirty && since >= MIN_GAP) || aged {
             self.rebuild(clock);
+        } else if self.items > 4 * self.entries.len() + 1024 {
+            self.compact();
         }
+    }
+
+    /// Drops the heap items no longer current (an entry's earlier predictions, entries gone).
+    fn compact(&mut self) {
+        let entries = &self.entries;
+        for heap in self.heaps.values_mut() {
+            heap.retain(|i| entries.get(&i.key).is_some_and(|n| n.gen == i.gen));
+        }
+        self.heaps.retain(|_, h| !h.is_empty());
+        self.items = self.heaps.values().map(BinaryHeap::len).sum();
     }
 
     /// Predicts every entry's next use again.
