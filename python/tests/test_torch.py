@@ -307,3 +307,30 @@ def test_batches_come_normalized_in_the_dtype_and_layout_asked(daemon):
             / torch.tensor(std, dtype=torch.float64).view(1, 2, 1, 1)
         assert torch.allclose(x, expect, atol=1e-5)
         assert torch.equal(labels, y)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_imagenet_shaped_example_trains_and_validates_every_image_once(tmp_path, ranks):
+    """The example in the shape of an ImageNet training script, its DataLoader arguments left as
+    such scripts have them (4 workers, a DistributedSampler under DDP): on 101 images and 2
+    ranks, validation counts exactly the 101 (not 102 with the padding that evens the ranks)."""
+    d = quadrant_daemon(tmp_path, 101)
+    launcher = [sys.executable]
+    if ranks > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
+    try:
+        out = subprocess.run(
+            launcher + [str(REPO / "python" / "examples" / "imagenet_train.py"), "--address", d.unix,
+                        "--train", "quad", "--val", "quad", "--epochs", "3", "-b", "16", "--classes", "4",
+                        "--lr", "0.05", "--train-pipeline", "eval"],
+            capture_output=True, text=True, timeout=300)
+    finally:
+        d.stop()
+    assert out.returncode == 0, out.stderr[-3000:]
+    vals = re.findall(r"epoch (\d+): val Acc@1 (\S+) Acc@5 (\S+) over (\d+) images \(the dataset has (\d+)\)",
+                      out.stdout)
+    assert [v[0] for v in vals] == ["0", "1", "2"], out.stdout
+    assert all(v[3] == v[4] == "101" for v in vals), out.stdout
+    assert float(vals[-1][2]) == 100.0, "top-5 of 4 classes"
+    trained = re.findall(r"rank (\d+) epoch 0: train .*? \((\d+) samples", out.stdout)
+    assert sorted(int(n) for _, n in trained) == ([101] if ranks == 1 else [51, 51]), out.stdout

@@ -1,0 +1,150 @@
+"""Trains and validates an image classifier on datasets served by larderd, in the shape of an
+ImageNet training script (argparse, train and validate loops, top-1/top-5 meters, DDP under
+torchrun), written for larder.
+
+    python examples/imagenet_train.py --train imagenet-train --val imagenet-val [--arch resnet18]
+    torchrun --nproc_per_node 2 examples/imagenet_train.py --train ... --val ...
+
+What a script of that shape changes to use larder is the three data lines marked "larder"
+below: the datasets (names the daemon serves, with the normalization the script applied), and
+`larder.torch.loader` in place of `DataLoader`, with the script's own arguments left as they
+were (workers, shuffle, sampler, pin_memory: larder says once in the log what it leaves aside).
+Validation is exact under any number of ranks: every rank gets the same number of batches, and
+the padding that takes is marked and counted out (`valid=True`, `exact_counts`).
+"""
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import larder.torch
+from larder.torch import LarderIterableDataset, exact_counts
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def small_cnn(channels: int, classes: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(channels, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 4, classes),
+    )
+
+
+class Meter:
+    """A running average, as the meters of such scripts keep."""
+
+    def __init__(self, name: str):
+        self.name, self.sum, self.count = name, 0.0, 0
+
+    def update(self, value: float, n: int = 1) -> None:
+        self.sum += value * n
+        self.count += n
+
+    @property
+    def avg(self) -> float:
+        return self.sum / max(self.count, 1)
+
+
+def correct_at(output: torch.Tensor, target: torch.Tensor, k: int) -> torch.Tensor:
+    """bool [B]: whether the target is among the k best guesses."""
+    k = min(k, output.shape[1])
+    return (output.topk(k, 1).indices == target[:, None]).any(1)
+
+
+def train(loader, model, criterion, optimizer, epoch, device, rank) -> None:
+    model.train()
+    loss_m, top1 = Meter("Loss"), Meter("Acc@1")
+    started = time.perf_counter()
+    for images, target in loader:
+        target = target.to(device, non_blocking=True)
+        output = model(images)
+        loss = criterion(output, target)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_m.update(loss.item(), len(target))
+        top1.update(correct_at(output, target, 1).float().mean().item() * 100, len(target))
+    secs = time.perf_counter() - started
+    print(f"rank {rank} epoch {epoch}: train Loss {loss_m.avg:.4f} Acc@1 {top1.avg:.3f} "
+          f"({loss_m.count} samples, {loss_m.count / secs:.0f}/s)", flush=True)
+
+
+def validate(loader, model, device) -> tuple:
+    """(top-1 %, top-5 %, images counted), over every rank, each image exactly once."""
+    model.eval()
+    c1 = c5 = total = 0
+    with torch.no_grad():
+        for images, target, valid in loader:
+            output = model(images)
+            target = target.to(output.device)
+            hits1, n = exact_counts(correct_at(output, target, 1), valid)
+            hits5, _ = exact_counts(correct_at(output, target, 5), valid)
+            c1, c5, total = c1 + hits1, c5 + hits5, total + n
+    return 100 * c1 / max(total, 1), 100 * c5 / max(total, 1), total
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--address", default=None, help="larderd address (default: $LARDER_ADDR)")
+    p.add_argument("--train", required=True, help="the training dataset's name in larderd")
+    p.add_argument("--val", required=True, help="the validation dataset's name in larderd")
+    p.add_argument("--arch", default="small", help="'small', or a torchvision.models name")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("-b", "--batch-size", type=int, default=256)
+    p.add_argument("-j", "--workers", type=int, default=4)
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--channels", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-pipeline", default="train", help="'train' (random-resized crop and flip), or 'eval'")
+    args = p.parse_args()
+
+    distributed = "RANK" in os.environ
+    if distributed:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank() if distributed else 0
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(args.seed)
+    if args.arch == "small":
+        model = small_cnn(args.channels, args.classes)
+    else:
+        import torchvision
+
+        model = torchvision.models.__dict__[args.arch](num_classes=args.classes)
+    model = model.to(device)
+    if distributed:
+        model = nn.parallel.DistributedDataParallel(model)
+    criterion = nn.CrossEntropyLoss().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=0.9)
+
+    # larder: the datasets, normalized on the training device as the script's transforms did.
+    mean, std = MEAN[: args.channels], STD[: args.channels]
+    train_dataset = LarderIterableDataset(args.train, args.batch_size, address=args.address, seed=args.seed,
+                                          pipeline=args.train_pipeline, normalize=(mean, std), device=device)
+    val_dataset = LarderIterableDataset(args.val, args.batch_size, address=args.address, shuffle=False,
+                                        normalize=(mean, std), device=device, valid=True)
+    train_sampler = torch.utils.data.distributed.DistributedSampler(train_dataset) if distributed else None
+    # larder: the loaders, with the script's arguments as they were.
+    train_loader = larder.torch.loader(train_dataset, batch_size=args.batch_size, shuffle=train_sampler is None,
+                                       num_workers=args.workers, pin_memory=True, sampler=train_sampler)
+    val_loader = larder.torch.loader(val_dataset, batch_size=args.batch_size, shuffle=False,
+                                     num_workers=args.workers, pin_memory=True)
+
+    for epoch in range(args.epochs):
+        train_loader.sampler.set_epoch(epoch)
+        train(train_loader, model, criterion, optimizer, epoch, device, rank)
+        acc1, acc5, counted = validate(val_loader, model, device)
+        if rank == 0:
+            print(f"epoch {epoch}: val Acc@1 {acc1:.3f} Acc@5 {acc5:.3f} over {counted} images "
+                  f"(the dataset has {len(val_loader.dataset)})", flush=True)
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
