@@ -620,3 +620,60 @@ def loader(
     if pin_memory:
         dataset.pin_memory = True
     return Loader(dataset)
+
+
+def _dataset_name(path: str, settings: dict) -> str:
+    """A name for the dataset of `path` with `settings`: readable, and one per (path, settings),
+    so that two scripts naming the same folder the same way share one dataset (and its cache)."""
+    import hashlib
+    import re
+
+    parts = [p for p in os.path.abspath(path).split(os.sep) if p][-2:]
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "-", "-".join(parts)).strip("-.")[:40] or "data"
+    digest = hashlib.sha256(repr((os.path.abspath(path), sorted(settings.items()))).encode()).hexdigest()[:8]
+    return f"{readable}-{digest}"
+
+
+def ImageFolder(
+    root,
+    batch_size: int,
+    *,
+    train: bool = True,
+    resize: int = 256,
+    crop: int = 224,
+    address: Optional[str] = None,
+    labels: Optional[str] = None,
+    **dataset_kwargs,
+) -> LarderIterableDataset:
+    """torchvision's `datasets.ImageFolder(root, transform)` as one larder line: the folder (or
+    an HDF5 file, with `labels=` its label dataset) is looked up in the daemon, or added for you
+    (a dataset of your own, read with your rights, kept across restarts: the README's "Datasets
+    of your own"), and streamed with the train pipeline (`train=True`: random-resized crop and
+    flip, torchvision's `RandomResizedCrop(crop)` recipe) or the eval one (the center `crop` of the
+    image resized to `resize` on its shorter side: `Resize(resize)` + `CenterCrop(crop)`). Two
+    scripts naming the same folder with the same sizes share one dataset and its cache.
+    `dataset_kwargs` go to LarderIterableDataset (seed, normalize, device, valid, ...)."""
+    path = os.path.abspath(os.fspath(root))
+    kind = "images" if os.path.isdir(path) else "hdf5"
+    table: dict = {"kind": kind}
+    if kind == "images":
+        table.update(resize=resize, crop=crop, train={})
+    elif labels is not None:
+        table["labels"] = labels
+    name = _dataset_name(path, table)
+    with Client(address) as client:
+        mine = [d for d in client.datasets() if d.name.endswith("/" + name)]
+        if mine:
+            full = mine[0].name
+        else:
+            try:
+                full = client.add_dataset(name, path, **table).name
+            except Exception as e:  # another process added it meanwhile
+                import grpc
+
+                if getattr(e, "code", None) != grpc.StatusCode.ALREADY_EXISTS:
+                    raise
+                full = next(d.name for d in client.datasets() if d.name.endswith("/" + name))
+    pipeline = "train" if train and kind == "images" else "eval"
+    dataset_kwargs.setdefault("shuffle", train)
+    return LarderIterableDataset(full, batch_size, address=address, pipeline=pipeline, **dataset_kwargs)

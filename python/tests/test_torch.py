@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
-from conftest import REPO, quadrant_daemon, sample_ids  # noqa: E402
+from conftest import REPO, Daemon, quadrant_daemon, sample_ids  # noqa: E402
 from larder.torch import LarderIterableDataset  # noqa: E402
 
 
@@ -334,3 +334,33 @@ def test_imagenet_shaped_example_trains_and_validates_every_image_once(tmp_path,
     assert float(vals[-1][2]) == 100.0, "top-5 of 4 classes"
     trained = re.findall(r"rank (\d+) epoch 0: train .*? \((\d+) samples", out.stdout)
     assert sorted(int(n) for _, n in trained) == ([101] if ranks == 1 else [51, 51]), out.stdout
+
+
+def test_image_folder_by_path_is_added_once_and_streams_both_recipes(tmp_path):
+    """`larder.torch.ImageFolder(path, ...)` as a script's `datasets.ImageFolder(path, ...)`:
+    the first call adds the folder as the caller's dataset, the second (same sizes) finds it."""
+    from PIL import Image
+
+    import larder
+    from larder.torch import ImageFolder
+
+    root = tmp_path / "train"
+    for i in range(10):
+        (root / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (120 + i, 90), (20 * i, 100, 50)).save(root / f"c{i % 2}" / f"{i}.jpg")
+    d = Daemon(tmp_path, "")
+    try:
+        train = ImageFolder(root, 4, resize=64, crop=48, address=d.unix, seed=1)
+        val = ImageFolder(root, 4, train=False, resize=64, crop=48, address=d.unix, valid=True)
+        assert train.dataset == val.dataset and "/" in train.dataset
+        with larder.Client(d.unix) as c:
+            assert [x.name for x in c.datasets()].count(train.dataset) == 1
+        n = 0
+        for images, labels in DataLoader(train, batch_size=None):
+            assert images.shape[1:] == (3, 48, 48) and images.dtype == torch.uint8
+            n += len(labels)
+        assert n == 10
+        total = sum(int(v.sum()) for _, _, v in DataLoader(val, batch_size=None))
+        assert total == 10
+    finally:
+        d.stop()
