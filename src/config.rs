@@ -212,6 +212,16 @@ pub struct DatasetConfig {
     /// longer in proportion (0: kept at their own size). Every crop is cut from that.
     #[serde(default = "default_resize")]
     pub resize: u32,
+    /// Images: `resize` as timm gives it, the share of the kept image the eval crop keeps:
+    /// the shorter side is kept at floor(crop / crop_pct) (0.875: 256 for a crop of 224). Takes
+    /// precedence over `resize`.
+    #[serde(default)]
+    pub crop_pct: Option<f64>,
+    /// Images: how the image fields are resampled when resized and cut: "linear" (default,
+    /// bilinear, antialiased when shrinking) or "cubic" (bicubic, PIL's and timm's
+    /// `interpolation="bicubic"`). Index masks are always resampled by the nearest pixel.
+    #[serde(default)]
+    pub interpolation: Option<crate::fields::Resample>,
     /// Images: ...and the longer side at most this many pixels (torchvision's `max_size`).
     #[serde(default)]
     pub max_size: Option<u32>,
@@ -254,15 +264,23 @@ impl DatasetConfig {
     /// Checks the table on its own (the config's and `larder add`'s datasets alike).
     pub fn validate(&self) -> Result<()> {
         let crop = self.crop_size();
+        if let Some(p) = self.crop_pct {
+            if !(p > 0.0 && p <= 1.0) || crop.unwrap_or(0) == 0 {
+                bail!(
+                    "dataset {:?}: crop_pct = {p} needs a crop and a value in (0, 1]",
+                    self.name
+                );
+            }
+        }
         if self.kind == SourceKind::Images
-            && self.resize != 0
-            && crop.is_some_and(|c| self.resize < c)
+            && self.kept_size() != 0
+            && crop.is_some_and(|c| self.kept_size() < c)
         {
             bail!(
                 "dataset {:?}: need crop <= resize (crop = {}, resize = {})",
                 self.name,
                 crop.unwrap_or(0),
-                self.resize
+                self.kept_size()
             );
         }
         if self.kind == SourceKind::Hdf5 && (self.max_size.is_some() || self.square) {
@@ -425,6 +443,15 @@ impl TrainConfig {
 }
 
 impl DatasetConfig {
+    /// The shorter side images are kept at: `resize`, or floor(crop / crop_pct) when
+    /// `crop_pct` is set.
+    pub fn kept_size(&self) -> u32 {
+        match (self.crop_pct, self.crop_size()) {
+            (Some(p), Some(c)) if p > 0.0 => (c as f64 / p).floor() as u32,
+            _ => self.resize,
+        }
+    }
+
     /// The side of the crop batches carry: None for no crop.
     pub fn crop_size(&self) -> Option<u32> {
         match (self.crop, self.kind) {
@@ -672,6 +699,27 @@ mod tests {
         assert_eq!(c.datasets[0].crop_size(), None, "HDF5 arrays as stored");
         assert_eq!(c.datasets[1].on_error, OnError::Skip);
         assert!(c.datasets[1].train.is_none());
+    }
+
+    #[test]
+    fn crop_pct_and_interpolation_as_timm_gives_them() {
+        let base = "listen=\"a\"\n[[dataset]]\nname=\"i\"\nkind=\"images\"\npath=\"p\"\n";
+        let c = Config::parse(&format!(
+            "{base}crop=224\ncrop_pct=0.875\ninterpolation=\"bicubic\""
+        ))
+        .unwrap();
+        assert_eq!(c.datasets[0].kept_size(), 256);
+        assert_eq!(
+            c.datasets[0].interpolation,
+            Some(crate::fields::Resample::Cubic)
+        );
+        let c = Config::parse(&format!("{base}crop=224\ncrop_pct=0.95")).unwrap();
+        assert_eq!(c.datasets[0].kept_size(), 235, "timm: floor(224 / 0.95)");
+        for bad in ["crop_pct=1.5", "crop_pct=0", "crop=0\ncrop_pct=0.9"] {
+            let err = format!("{:#}", Config::parse(&format!("{base}{bad}")).unwrap_err());
+            assert!(err.contains("crop_pct"), "{bad}: {err}");
+        }
+        assert!(Config::parse(&format!("{base}interpolation=\"lanczos\"")).is_err());
     }
 
     #[test]

@@ -97,6 +97,10 @@ pub enum Resample {
     Nearest,
     /// Bilinear (or area, when shrinking): images.
     Linear,
+    /// Bicubic (Catmull-Rom, as PIL's BICUBIC), antialiased when shrinking: timm's and
+    /// torchvision's `interpolation="bicubic"`.
+    #[serde(alias = "bicubic")]
+    Cubic,
 }
 
 impl Resample {
@@ -104,6 +108,7 @@ impl Resample {
         match self {
             Resample::Nearest => "nearest",
             Resample::Linear => "linear",
+            Resample::Cubic => "cubic",
         }
     }
 }

@@ -641,6 +641,8 @@ def ImageFolder(
     train: bool = True,
     resize: int = 256,
     crop: int = 224,
+    crop_pct: Optional[float] = None,
+    interpolation: Optional[str] = None,
     address: Optional[str] = None,
     labels: Optional[str] = None,
     **dataset_kwargs,
@@ -652,12 +654,18 @@ def ImageFolder(
     flip, torchvision's `RandomResizedCrop(crop)` recipe) or the eval one (the center `crop` of the
     image resized to `resize` on its shorter side: `Resize(resize)` + `CenterCrop(crop)`). Two
     scripts naming the same folder with the same sizes share one dataset and its cache.
-    `dataset_kwargs` go to LarderIterableDataset (seed, normalize, device, valid, ...)."""
+    timm's recipe: `crop_pct=0.95, interpolation="bicubic"` (the image kept at floor(crop /
+    crop_pct) on its shorter side, resampled bicubically). `dataset_kwargs` go to
+    LarderIterableDataset (seed, normalize, device, valid, ...)."""
     path = os.path.abspath(os.fspath(root))
     kind = "images" if os.path.isdir(path) else "hdf5"
     table: dict = {"kind": kind}
     if kind == "images":
         table.update(resize=resize, crop=crop, train={})
+        if crop_pct is not None:
+            table["crop_pct"] = crop_pct
+        if interpolation is not None:
+            table["interpolation"] = interpolation
     elif labels is not None:
         table["labels"] = labels
     name = _dataset_name(path, table)

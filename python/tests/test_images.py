@@ -271,3 +271,24 @@ def test_the_torch_dataset_asks_for_the_train_pipeline(tmp_path):
         assert not all(torch.equal(a, b) for a, b in zip(first, second)), "epoch 2 crops anew"
     finally:
         d.stop()
+
+
+@pytest.mark.parametrize("interpolation,pil", [("linear", Image.BILINEAR), ("bicubic", Image.BICUBIC)])
+def test_interpolation_and_crop_pct_resize_as_pil_and_timm_do(tmp_path, interpolation, pil):
+    """`interpolation = "bicubic"` resamples as PIL's BICUBIC (timm's default), "linear" as
+    BILINEAR; `crop_pct = 0.75` with crop 48 keeps the shorter side at floor(48 / 0.75) = 64."""
+    root = tmp_path / "pics"
+    (root / "a").mkdir(parents=True)
+    src = Image.open(PARROTS).convert("RGB").crop((0, 0, 384, 256))
+    src.save(root / "a" / "p.png")  # lossless: only the resampling differs
+    d = images_daemon(tmp_path, root, f'crop = 48\ncrop_pct = 0.75\ninterpolation = "{interpolation}"\n')
+    try:
+        with Client(d.unix) as c:
+            (img, _), = epoch(c, "pics", batch_size=1).values()
+    finally:
+        d.stop()
+    assert img.shape == (3, 48, 48)
+    kept = src.resize((96, 64), pil)  # the shorter side at 64
+    want = np.asarray(kept)[8:56, 24:72].transpose(2, 0, 1)
+    diff = np.abs(img.astype(int) - want.astype(int))
+    assert diff.mean() < 1.5 and np.percentile(diff, 99) <= 8, (diff.mean(), np.percentile(diff, 99))

@@ -20,6 +20,7 @@ fn algorithm(resample: Resample) -> ResizeAlg {
     match resample {
         Resample::Nearest => ResizeAlg::Nearest,
         Resample::Linear => ResizeAlg::Convolution(FilterType::Bilinear),
+        Resample::Cubic => ResizeAlg::Convolution(FilterType::CatmullRom),
     }
 }
 

@@ -352,7 +352,7 @@ fn paired_files(dir: &Path, field: &str, rels: &[PathBuf]) -> Result<Vec<PathBuf
 pub fn open_dataset(c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
     let fields = c.field_configs();
     let resize = Resize {
-        shorter: c.resize,
+        shorter: c.kept_size(),
         max_size: c.max_size,
         square: c.square,
     };
@@ -374,7 +374,7 @@ pub fn open_dataset(c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
         let mode = f.mode.unwrap_or(ImageMode::Rgb);
         let resample = f.resample.unwrap_or(match mode {
             ImageMode::Index => Resample::Nearest,
-            _ => Resample::Linear,
+            _ => c.interpolation.unwrap_or(Resample::Linear),
         });
         let is_reference = reference.as_deref() == Some(f.name.as_str());
         let scale = match &f.pair {
