@@ -45,6 +45,20 @@ pub struct Config {
     pub state_dir: Option<PathBuf>,
     #[serde(default, rename = "dataset")]
     pub datasets: Vec<DatasetConfig>,
+    /// The Prometheus endpoint.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`: the Prometheus endpoint.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Address to serve `/metrics` on, e.g. "127.0.0.1:9464" (default: none, off). What it
+    /// shows (dataset names, each open stream's user id and process) is for the machine's
+    /// admins: keep it on localhost or behind the lab's network rules.
+    #[serde(default)]
+    pub listen: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

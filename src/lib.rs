@@ -15,6 +15,7 @@ pub mod fingerprint;
 pub mod metrics;
 pub mod peer;
 pub mod pipeline;
+pub mod prometheus_metrics;
 pub mod registry;
 pub mod sampler;
 pub mod server;

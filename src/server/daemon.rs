@@ -32,6 +32,9 @@ pub struct Daemon {
     pub unix_socket: Option<PathBuf>,
     pub catalog: Arc<Catalog>,
     pub store: Arc<Store>,
+    /// Where it serves Prometheus's `/metrics` (`[metrics] listen`), and the task serving it.
+    pub metrics_addr: Option<SocketAddr>,
+    exporter: Option<JoinHandle<()>>,
     shutdown: Trigger,
     servers: Vec<JoinHandle<Result<()>>>,
     /// The memory watcher and the task that frees idle message buffers.
@@ -139,6 +142,24 @@ impl Daemon {
         );
         let mut servers = vec![];
         let mut tcp_addr = None;
+        let mut metrics_addr = None;
+        let exporter = match &config.metrics.listen {
+            Some(listen) => {
+                let listener = tokio::net::TcpListener::bind(listen)
+                    .await
+                    .with_context(|| format!("listening for Prometheus on {listen}"))?;
+                let addr = listener.local_addr()?;
+                metrics_addr = Some(addr);
+                let (service, streams) = (service.clone(), service.streams());
+                let snapshot: crate::prometheus_metrics::Snapshot =
+                    Arc::new(move || (service.stats(), streams.snapshot()));
+                tracing::info!(%addr, "serving Prometheus metrics at /metrics");
+                Some(tokio::spawn(crate::prometheus_metrics::serve(
+                    listener, snapshot,
+                )))
+            }
+            None => None,
+        };
 
         if let Some(listen) = &config.listen {
             let listener = tokio::net::TcpListener::bind(listen)
@@ -164,6 +185,8 @@ impl Daemon {
         }
         Ok(Daemon {
             tcp_addr,
+            metrics_addr,
+            exporter,
             unix_socket: config.unix_socket.clone(),
             catalog,
             store,
@@ -204,6 +227,9 @@ impl Daemon {
         self.watcher.abort();
         self.trimmer.abort();
         self.keeper.abort();
+        if let Some(e) = &self.exporter {
+            e.abort();
+        }
         self.store.flush_trace();
         if let Some(p) = &self.unix_socket {
             let _ = std::fs::remove_file(p);

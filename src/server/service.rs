@@ -74,6 +74,11 @@ impl Service {
         }
     }
 
+    /// The registry of open streams.
+    pub fn streams(&self) -> Arc<Streams> {
+        self.streams.clone()
+    }
+
     /// The daemon's counters and its memory in one account, as of now (what GetStats answers
     /// and what an exporter would read).
     pub fn stats(&self) -> Stats {

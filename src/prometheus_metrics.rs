@@ -1,0 +1,349 @@
+//! The daemon's counters for Prometheus: an HTTP endpoint (`[metrics] listen`, off by default)
+//! serving the text exposition at `/metrics`. Each scrape renders what `GetStats` answers (the
+//! tiers, the memory account, the rings) and the streams open now, one series per stream,
+//! labelled `dataset`, `rank` and `run` (the client's user and process; not `job`, which
+//! Prometheus keeps for its own scrape job and renames), so the labels are bounded by the
+//! streams open at the time. The exposition is `metrics-exporter-prometheus`'s classic text
+//! format, with a HELP line for every family (`promtool check metrics` accepts it).
+
+use crate::proto::Stats;
+use crate::streams::StreamSnapshot;
+use anyhow::{Context, Result};
+use metrics::{counter, describe_counter, describe_gauge, gauge, Unit};
+use metrics_exporter_prometheus::PrometheusBuilder;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+/// What a scrape reads: the daemon's stats and its open streams, as of now.
+pub type Snapshot = Arc<dyn Fn() -> (Stats, Vec<StreamSnapshot>) + Send + Sync>;
+
+/// Most scrapes served at once (the rest wait their turn).
+const MAX_CONNECTIONS: usize = 8;
+/// The longest a scraper may take to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// The largest request read.
+const MAX_REQUEST: usize = 8192;
+
+/// The exposition of `stats` and `streams`.
+pub fn render(stats: &Stats, streams: &[StreamSnapshot]) -> String {
+    // A recorder of its own per scrape: a stream that closed leaves no series behind.
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || record(stats, streams));
+    handle.render()
+}
+
+fn record(s: &Stats, streams: &[StreamSnapshot]) {
+    describe_counter!(
+        "larder_lookups_total",
+        "Sample lookups, by the tier that served them (memory, scratch, raw)."
+    );
+    describe_counter!(
+        "larder_tier_read_bytes_total",
+        Unit::Bytes,
+        "Bytes read from each tier to serve lookups."
+    );
+    for t in &s.tiers {
+        counter!("larder_lookups_total", "tier" => t.tier.clone()).absolute(t.hits);
+        counter!("larder_tier_read_bytes_total", "tier" => t.tier.clone()).absolute(t.bytes);
+    }
+    let c = |name: &'static str, help: &'static str, v: u64| {
+        describe_counter!(name, help);
+        counter!(name).absolute(v);
+    };
+    c(
+        "larder_coalesced_lookups_total",
+        "Lookups that joined a read of the same sample already in flight.",
+        s.coalesced_fetches,
+    );
+    c(
+        "larder_memory_admissions_declined_total",
+        "Samples the memory tier's policy kept out.",
+        s.admissions_declined,
+    );
+    c(
+        "larder_batches_served_total",
+        "Batches sent to clients.",
+        s.batches_served,
+    );
+    c(
+        "larder_samples_served_total",
+        "Samples sent to clients.",
+        s.samples_served,
+    );
+    c(
+        "larder_served_bytes_total",
+        "Bytes of batches sent to clients.",
+        s.bytes_served,
+    );
+    c(
+        "larder_shm_batches_total",
+        "Batches delivered in shared-memory slots.",
+        s.shm_batches,
+    );
+    c(
+        "larder_shm_fallbacks_total",
+        "Batches sent in the message because the stream's ring had no free slot.",
+        s.shm_fallbacks,
+    );
+    let g = |name: &'static str, unit: Unit, help: &'static str, v: f64| {
+        describe_gauge!(name, unit, help);
+        gauge!(name).set(v);
+    };
+    // Seconds are floats; the `metrics` API's counters are integers: cumulative seconds go as
+    // gauges.
+    g(
+        "larder_client_wait_seconds",
+        Unit::Seconds,
+        "Time clients' streams have waited for a batch that was not ready, all streams since start.",
+        s.client_stall_seconds,
+    );
+    g(
+        "larder_memory_bytes",
+        Unit::Bytes,
+        "Bytes the memory tier holds.",
+        s.memory_bytes as f64,
+    );
+    g(
+        "larder_memory_limit_bytes",
+        Unit::Bytes,
+        "The memory tier's limit now: its budget less the rings and the streams' futures, lower while the machine is short.",
+        s.memory_budget_bytes as f64,
+    );
+    g(
+        "larder_memory_entries",
+        Unit::Count,
+        "Samples the memory tier holds.",
+        s.memory_entries as f64,
+    );
+    g(
+        "larder_memory_hit_ratio",
+        Unit::Count,
+        "Memory-tier hits over the lookups that did not join a read in flight.",
+        s.hit_rate,
+    );
+    g(
+        "larder_memory_expansion_factor",
+        Unit::Count,
+        "Bytes in memory per byte in raw storage, measured over the samples held.",
+        s.measured_expansion_factor,
+    );
+    g(
+        "larder_memory_policy_bytes",
+        Unit::Bytes,
+        "Bytes of the eviction policy's bookkeeping (the open streams' futures).",
+        s.memory_policy_bytes as f64,
+    );
+    g(
+        "larder_memory_policy_cpu_seconds",
+        Unit::Seconds,
+        "CPU time the eviction policy has spent deciding.",
+        s.memory_policy_seconds,
+    );
+    g(
+        "larder_scratch_bytes",
+        Unit::Bytes,
+        "Bytes the scratch tier's shard files take.",
+        s.scratch_bytes as f64,
+    );
+    g(
+        "larder_scratch_budget_bytes",
+        Unit::Bytes,
+        "The scratch tier's budget.",
+        s.scratch_budget_bytes as f64,
+    );
+    g(
+        "larder_scratch_corrupt_records",
+        Unit::Count,
+        "Scratch records found corrupt (and refetched).",
+        s.scratch_corrupt_records as f64,
+    );
+    g(
+        "larder_bad_samples",
+        Unit::Count,
+        "Samples skipped because their files do not read or decode.",
+        s.bad_samples as f64,
+    );
+    g(
+        "larder_shm_rings",
+        Unit::Count,
+        "Shared-memory rings open.",
+        s.shm_rings as f64,
+    );
+    g(
+        "larder_shm_bytes",
+        Unit::Bytes,
+        "Bytes the shared-memory rings take.",
+        s.shm_bytes as f64,
+    );
+    g(
+        "larder_machine_available_bytes",
+        Unit::Bytes,
+        "The machine's available memory, as last seen.",
+        s.machine_available_bytes as f64,
+    );
+    g(
+        "larder_resident_bytes",
+        Unit::Bytes,
+        "What the kernel says the daemon holds.",
+        s.resident_bytes as f64,
+    );
+    g(
+        "larder_anonymous_ceiling_bytes",
+        Unit::Bytes,
+        "The anonymous memory the daemon should stay under.",
+        s.anonymous_ceiling_bytes as f64,
+    );
+    g(
+        "larder_streams_open",
+        Unit::Count,
+        "Streams open now.",
+        streams.len() as f64,
+    );
+    describe_gauge!(
+        "larder_stream_samples",
+        Unit::Count,
+        "Samples an open stream has sent (labels: dataset, rank, run = the client's uid:pid)."
+    );
+    describe_gauge!(
+        "larder_stream_wait_seconds",
+        Unit::Seconds,
+        "Time an open stream's client waited for a batch that was not ready."
+    );
+    describe_gauge!(
+        "larder_stream_open_seconds",
+        Unit::Seconds,
+        "How long an open stream has been open."
+    );
+    describe_gauge!(
+        "larder_stream_wait_ratio",
+        Unit::Count,
+        "The share of an open stream's time its client waited for batches."
+    );
+    for st in streams {
+        let run = match st.spec.peer {
+            Some(p) => format!("{}:{}", p.uid, p.pid.unwrap_or(0)),
+            None => "tcp".to_string(),
+        };
+        let labels = [
+            ("dataset", st.spec.dataset.clone()),
+            ("rank", st.spec.rank.to_string()),
+            ("run", run),
+            ("stream", st.id.to_string()),
+        ];
+        let open = st.open.as_secs_f64();
+        let waited = st.stalled.as_secs_f64();
+        gauge!("larder_stream_samples", &labels).set(st.samples as f64);
+        gauge!("larder_stream_wait_seconds", &labels).set(waited);
+        gauge!("larder_stream_open_seconds", &labels).set(open);
+        gauge!("larder_stream_wait_ratio", &labels).set(if open > 0.0 {
+            waited / open
+        } else {
+            0.0
+        });
+    }
+}
+
+/// Serves `/metrics` on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, snapshot: Snapshot) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok((conn, _)) = listener.accept().await else {
+            continue;
+        };
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let snapshot = snapshot.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            if let Err(e) = answer(conn, snapshot).await {
+                tracing::debug!("metrics request: {e:#}");
+            }
+        });
+    }
+}
+
+/// Reads one request (bounded in size and time) and answers it.
+async fn answer(mut conn: TcpStream, snapshot: Snapshot) -> Result<()> {
+    let mut request = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    let read = async {
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = conn.read(&mut buf).await?;
+            if n == 0 || request.len() + n > MAX_REQUEST {
+                break;
+            }
+            request.extend_from_slice(&buf[..n]);
+        }
+        Ok::<_, std::io::Error>(())
+    };
+    tokio::time::timeout(REQUEST_TIMEOUT, read)
+        .await
+        .context("request too slow")??;
+    let line = request.split(|&b| b == b'\r').next().unwrap_or_default();
+    let (status, body, kind) = if line.starts_with(b"GET /metrics ") || line == b"GET /metrics" {
+        let (stats, streams) = snapshot();
+        (
+            "200 OK",
+            render(&stats, &streams),
+            "text/plain; version=0.0.4",
+        )
+    } else if line.starts_with(b"GET ") {
+        (
+            "404 Not Found",
+            "larder serves /metrics\n".to_string(),
+            "text/plain",
+        )
+    } else {
+        (
+            "405 Method Not Allowed",
+            "GET /metrics\n".to_string(),
+            "text/plain",
+        )
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await?;
+    conn.write_all(body.as_bytes()).await?;
+    conn.shutdown().await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_has_help_and_a_type_and_stream_labels_are_not_job() {
+        let stats = Stats {
+            tiers: vec![crate::proto::TierStats {
+                tier: "memory".into(),
+                hits: 7,
+                bytes: 70,
+            }],
+            memory_bytes: 1000,
+            hit_rate: 0.5,
+            ..Default::default()
+        };
+        let text = render(&stats, &[]);
+        assert!(
+            text.contains("larder_lookups_total{tier=\"memory\"} 7"),
+            "{text}"
+        );
+        assert!(text.contains("larder_memory_bytes 1000"), "{text}");
+        for line in text.lines().filter(|l| l.starts_with("# TYPE")) {
+            let name = line.split_whitespace().nth(2).unwrap();
+            assert!(
+                text.contains(&format!("# HELP {name} ")),
+                "{name} has no help"
+            );
+        }
+        assert!(!text.contains("job="));
+    }
+}
