@@ -22,8 +22,8 @@ pub type Snapshot = Arc<dyn Fn() -> (Stats, Vec<StreamSnapshot>) + Send + Sync>;
 
 /// Most scrapes served at once (the rest wait their turn).
 const MAX_CONNECTIONS: usize = 8;
-/// The longest a scraper may take to send its request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest one scrape may take, its request and its answer together.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The largest request read.
 const MAX_REQUEST: usize = 8192;
 
@@ -251,17 +251,27 @@ fn record(s: &Stats, streams: &[StreamSnapshot]) {
 pub async fn serve(listener: TcpListener, snapshot: Snapshot) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let Ok((conn, _)) = listener.accept().await else {
-            continue;
+        let conn = match listener.accept().await {
+            Ok((conn, _)) => conn,
+            Err(e) => {
+                // Out of descriptors, say: wait rather than spin.
+                tracing::debug!("metrics endpoint: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
         };
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
+        // Full: this connection is closed at once (the accept loop never waits on a slow one).
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            drop(conn);
+            continue;
         };
         let snapshot = snapshot.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            if let Err(e) = answer(conn, snapshot).await {
-                tracing::debug!("metrics request: {e:#}");
+            match tokio::time::timeout(SCRAPE_TIMEOUT, answer(conn, snapshot)).await {
+                Ok(Err(e)) => tracing::debug!("metrics request: {e:#}"),
+                Err(_) => tracing::debug!("metrics request too slow; closed"),
+                Ok(Ok(())) => {}
             }
         });
     }
@@ -281,9 +291,7 @@ async fn answer(mut conn: TcpStream, snapshot: Snapshot) -> Result<()> {
         }
         Ok::<_, std::io::Error>(())
     };
-    tokio::time::timeout(REQUEST_TIMEOUT, read)
-        .await
-        .context("request too slow")??;
+    read.await.context("reading the request")?;
     let line = request.split(|&b| b == b'\r').next().unwrap_or_default();
     let (status, body, kind) = if line.starts_with(b"GET /metrics ") || line == b"GET /metrics" {
         let (stats, streams) = snapshot();

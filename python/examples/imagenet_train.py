@@ -108,7 +108,12 @@ def main() -> None:
     if distributed:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank = dist.get_rank() if distributed else 0
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
     torch.manual_seed(args.seed)
     if args.arch == "small":
         model = small_cnn(args.channels, args.classes)
@@ -118,7 +123,7 @@ def main() -> None:
         model = torchvision.models.__dict__[args.arch](num_classes=args.classes)
     model = model.to(device)
     if distributed:
-        model = nn.parallel.DistributedDataParallel(model)
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
     criterion = nn.CrossEntropyLoss().to(device)
     optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=0.9)
 
@@ -136,7 +141,8 @@ def main() -> None:
                                      num_workers=args.workers, pin_memory=True)
 
     for epoch in range(args.epochs):
-        train_loader.sampler.set_epoch(epoch)
+        if distributed:
+            train_sampler.set_epoch(epoch)  # as such scripts do: the larder dataset follows
         train(train_loader, model, criterion, optimizer, epoch, device, rank)
         acc1, acc5, counted = validate(val_loader, model, device)
         if rank == 0:

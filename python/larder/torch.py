@@ -416,10 +416,13 @@ class LarderIterableDataset(IterableDataset):
             **self._shard(rank, world),
         ):
             out = batch.torch(self.fields)
-            if self.normalize is not None or self.device is not None or self.dtype is not None:
+            if (self.normalize is not None or self.device is not None or self.dtype is not None
+                    or self.channels_last):
                 out = self._as_expected(out)
             if self.valid:
                 mask = torch.from_numpy(batch.valid)
+                if self.device is not None:
+                    mask = mask.to(self.device, non_blocking=True)
                 out = {**out, "valid": mask} if isinstance(out, dict) else (*out, mask)
             position["batches"] += 1
             position["sample"] = batch.resume_sample
@@ -435,6 +438,9 @@ class LarderIterableDataset(IterableDataset):
         mean, std = self.normalize if self.normalize is not None else (None, None)
 
         def images(x):
+            if x.dtype != torch.uint8:  # already float (a float field): moved, never changed in place
+                x = x.to(self.device, non_blocking=True) if self.device is not None else x.clone()
+                return x.to(self.dtype) if self.dtype is not None else x
             x = to_float(x, self.device, mean, std)
             if self.dtype is not None:
                 x = x.to(self.dtype)
@@ -515,12 +521,15 @@ class _Sizes(IterableDataset):
     def __init__(self, ds: "LarderIterableDataset"):
         super().__init__()
         self.ds = ds
+        self._len: Optional[int] = None
 
     def __iter__(self):
         return iter(self.ds)
 
     def __len__(self) -> int:
-        return _rank_samples(self.ds, whole=True)
+        if self._len is None:
+            self._len = _rank_samples(self.ds, whole=True)
+        return self._len
 
     def __getattr__(self, name):
         if name == "ds":
@@ -536,12 +545,16 @@ class EpochSampler:
 
     def __init__(self, ds: "LarderIterableDataset"):
         self.ds = ds
+        self._len: Optional[Tuple[Tuple[int, int], int]] = None
 
     def set_epoch(self, epoch: int) -> None:
         self.ds.set_epoch(epoch)
 
     def __len__(self) -> int:
-        return _rank_samples(self.ds, whole=False)
+        rank, world, _ = self.ds._ranks()
+        if self._len is None or self._len[0] != (rank, world):
+            self._len = ((rank, world), _rank_samples(self.ds, whole=False))
+        return self._len[1]
 
     def __iter__(self):
         while True:
@@ -602,6 +615,17 @@ def loader(
     if sampler is not None:
         name = type(sampler).__name__
         left.append(f"sampler={name} (the daemon shards by rank: every sample once per epoch)")
+        # The script goes on calling its own sampler's set_epoch: the dataset follows it.
+        own = getattr(sampler, "set_epoch", None)
+        if callable(own):
+            def set_epoch(epoch, _own=own):
+                _own(epoch)
+                dataset.set_epoch(epoch)
+
+            try:
+                sampler.set_epoch = set_epoch
+            except (AttributeError, TypeError):
+                pass
     if batch_sampler is not None:
         left.append("batch_sampler (the daemon batches)")
     if batch_size is not None and batch_size != dataset.batch_size:
@@ -648,9 +672,9 @@ def ImageFolder(
     **dataset_kwargs,
 ) -> LarderIterableDataset:
     """torchvision's `datasets.ImageFolder(root, transform)` as one larder line: the folder (or
-    an HDF5 file, with `labels=` its label dataset) is looked up in the daemon, or added for you
-    (a dataset of your own, read with your rights, kept across restarts: the README's "Datasets
-    of your own"), and streamed with the train pipeline (`train=True`: random-resized crop and
+    an HDF5 file, with `labels=` its label dataset) is added as a dataset of your own (read with
+    your rights, kept across restarts: the README's "Datasets of your own"), or found among
+    yours if an earlier call added it, and streamed with the train pipeline (`train=True`: random-resized crop and
     flip, torchvision's `RandomResizedCrop(crop)` recipe) or the eval one (the center `crop` of the
     image resized to `resize` on its shorter side: `Resize(resize)` + `CenterCrop(crop)`). Two
     scripts naming the same folder with the same sizes share one dataset and its cache.
@@ -669,19 +693,24 @@ def ImageFolder(
     elif labels is not None:
         table["labels"] = labels
     name = _dataset_name(path, table)
+    import pwd
+
+    from larder.client import LarderError
+
+    # The caller's own (by uid, not $USER): never another user's dataset of that name.
+    own = f"{pwd.getpwuid(os.getuid()).pw_name}/{name}"
     with Client(address) as client:
-        mine = [d for d in client.datasets() if d.name.endswith("/" + name)]
-        if mine:
-            full = mine[0].name
-        else:
+        if own not in [d.name for d in client.datasets()]:
             try:
-                full = client.add_dataset(name, path, **table).name
-            except Exception as e:  # another process added it meanwhile
+                client.add_dataset(name, path, **table)
+            except LarderError as e:  # another of the caller's processes added it meanwhile
                 import grpc
 
-                if getattr(e, "code", None) != grpc.StatusCode.ALREADY_EXISTS:
+                if e.code != grpc.StatusCode.ALREADY_EXISTS:
                     raise
-                full = next(d.name for d in client.datasets() if d.name.endswith("/" + name))
+        if own not in [d.name for d in client.datasets()]:
+            raise LarderError(f"{own} was added but is not served (see `larder datasets`)")
+    full = own
     pipeline = "train" if train and kind == "images" else "eval"
     dataset_kwargs.setdefault("shuffle", train)
     return LarderIterableDataset(full, batch_size, address=address, pipeline=pipeline, **dataset_kwargs)

@@ -295,6 +295,16 @@ def test_loader_takes_a_scripts_dataloader_arguments_and_answers_like_a_sampler(
     with pytest.raises(TypeError, match="LarderIterableDataset"):
         lt.loader([1, 2, 3])
 
+    # The script's own sampler's set_epoch (what pytorch/examples calls) moves the dataset too.
+    class Sampler:
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+
+    own, followed = Sampler(), LarderIterableDataset("train", 8, address=daemon.unix, seed=3)
+    lt.loader(followed, sampler=own)
+    own.set_epoch(5)
+    assert own.epoch == 5 and followed.epoch == 5
+
 
 def test_batches_come_normalized_in_the_dtype_and_layout_asked(daemon):
     mean, std = (0.5, 0.25), (0.5, 0.125)
