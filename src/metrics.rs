@@ -220,3 +220,64 @@ pub fn format_stats(s: &crate::proto::Stats) -> String {
     );
     out
 }
+
+/// One frame of `larder top`: the daemon's memory and tiers, then a row per stream (samples/s
+/// since the last frame, from `last`: stream id -> (open seconds, samples) as last seen).
+pub fn format_top(
+    s: &crate::proto::Stats,
+    streams: &crate::proto::ListStreamsResponse,
+    last: &mut std::collections::HashMap<u64, (f64, u64)>,
+) -> String {
+    use std::fmt::Write;
+    let mb = |b: u64| b as f64 / 1e6;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "larder: memory tier {:.0} of {:.0} MB ({} samples, hit rate {:.1}%), scratch {:.0} of {:.0} MB, rings {:.0} MB, machine {:.0} MB available",
+        mb(s.memory_bytes),
+        mb(s.memory_budget_bytes),
+        s.memory_entries,
+        s.hit_rate * 100.0,
+        mb(s.scratch_bytes),
+        mb(s.scratch_budget_bytes),
+        mb(s.shm_bytes),
+        mb(s.machine_available_bytes)
+    );
+    let _ = writeln!(
+        out,
+        "{:>6} {:<20} {:<12} {:>8} {:>6} {:>11} {:>10} {:>7}  {:<14}",
+        "STREAM", "DATASET", "USER", "PID", "RANK", "BATCHES", "SAMPLES/S", "WAIT%", "VERDICT"
+    );
+    let mut seen = std::collections::HashMap::new();
+    for st in &streams.streams {
+        let (t0, n0) = last.get(&st.id).copied().unwrap_or((0.0, 0));
+        let dt = st.open_seconds - t0;
+        let rate = if dt > 0.0 {
+            (st.samples - n0.min(st.samples)) as f64 / dt
+        } else {
+            0.0
+        };
+        seen.insert(st.id, (st.open_seconds, st.samples));
+        let _ = writeln!(
+            out,
+            "{:>6} {:<20} {:<12} {:>8} {:>6} {:>11} {:>10.0} {:>6.1}%  {:<14}",
+            st.id,
+            st.dataset,
+            st.user,
+            st.pid,
+            format!("{}/{}", st.rank, st.world_size),
+            format!("{}/{}", st.batches, st.num_batches),
+            rate,
+            st.wait_ratio * 100.0,
+            st.verdict
+        );
+    }
+    *last = seen;
+    if streams.streams.is_empty() {
+        let _ = writeln!(out, "(no stream of yours is open)");
+    }
+    if streams.others > 0 {
+        let _ = writeln!(out, "and {} stream(s) of other users", streams.others);
+    }
+    out
+}

@@ -87,7 +87,21 @@ pub struct Streams {
     metrics: Arc<Metrics>,
     next_id: AtomicU64,
     open: Mutex<BTreeMap<u64, Arc<StreamState>>>,
+    /// Per client process (uid, pid): the time its closed streams were open and waited, so a
+    /// job's verdict spans its epochs (each a stream of its own), kept a minute after its last.
+    runs: Mutex<std::collections::HashMap<(u32, i32), RunTotals>>,
 }
+
+/// A client process's closed streams, together.
+#[derive(Debug, Clone, Copy)]
+pub struct RunTotals {
+    pub open: Duration,
+    pub waited: Duration,
+    pub last: Instant,
+}
+
+/// How long a run's closed streams count after its last one closed.
+const RUN_MEMORY: Duration = Duration::from_secs(60);
 
 impl Streams {
     pub fn new(memory: Arc<MemoryTier>, metrics: Arc<Metrics>) -> Arc<Streams> {
@@ -96,6 +110,7 @@ impl Streams {
             metrics,
             next_id: AtomicU64::new(1),
             open: Mutex::new(BTreeMap::new()),
+            runs: Mutex::new(Default::default()),
         })
     }
 
@@ -142,6 +157,17 @@ impl Streams {
     /// Every open stream, oldest first.
     pub fn snapshot(&self) -> Vec<StreamSnapshot> {
         self.lock().values().map(|s| s.snapshot()).collect()
+    }
+
+    /// The closed streams' totals of the client process `peer` (zero if none lately).
+    pub fn run_totals(&self, peer: Option<Peer>) -> (Duration, Duration) {
+        let Some(p) = peer else {
+            return Default::default();
+        };
+        let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
+        runs.retain(|_, r| r.last.elapsed() < RUN_MEMORY);
+        runs.get(&(p.uid, p.pid.unwrap_or(0)))
+            .map_or_else(Default::default, |r| (r.open, r.waited))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<StreamState>>> {
@@ -238,6 +264,19 @@ impl Drop for StreamHandle {
         // and leaves no next epoch to expect).
         let finished = s.batches > 0 && s.next_batch >= s.spec.plan.num_batches;
         streams.memory.stream_closed(s.id, finished);
+        if let Some(p) = s.spec.peer {
+            let mut runs = streams.runs.lock().unwrap_or_else(|e| e.into_inner());
+            let run = runs
+                .entry((p.uid, p.pid.unwrap_or(0)))
+                .or_insert(RunTotals {
+                    open: Duration::ZERO,
+                    waited: Duration::ZERO,
+                    last: Instant::now(),
+                });
+            run.open += s.open;
+            run.waited += s.stalled;
+            run.last = Instant::now();
+        }
         let (open, stalled) = (s.open.as_secs_f64(), s.stalled.as_secs_f64());
         tracing::info!(
             stream = %s.spec.name(),

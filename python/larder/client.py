@@ -272,6 +272,12 @@ class Client:
                 return d
         raise LarderError(f"unknown dataset {name!r}", grpc.StatusCode.NOT_FOUND)
 
+    def streams(self) -> "pb.ListStreamsResponse":
+        """The streams open now: yours in detail (`streams`: dataset, user, pid, rank, batches,
+        samples, wait_seconds, wait_ratio, and the verdict "input-bound", "balanced" or
+        "compute-bound"), other users' counted (`others`)."""
+        return self._call(self._stub.ListStreams, pb.ListStreamsRequest())
+
     def stats(self) -> "pb.Stats":
         return self._call(self._stub.GetStats, pb.GetStatsRequest())
 

@@ -2,7 +2,9 @@
 Prometheus server scraping it (Debian's `prometheus` package; scripts/setup installs it)."""
 
 import json
+import os
 import shutil
+import sys
 import socket
 import subprocess
 import threading
@@ -12,7 +14,7 @@ import urllib.request
 import pytest
 
 import larder
-from conftest import Daemon, make_h5
+from conftest import REPO, Daemon, make_h5
 
 
 def free_port() -> int:
@@ -108,3 +110,40 @@ def test_a_real_prometheus_scrapes_it(scraped, tmp_path):
     finally:
         prom.terminate()
         prom.wait()
+
+
+def test_an_input_bound_job_and_a_compute_bound_one_are_told_apart(tmp_path):
+    """Two clients of one dataset: one does nothing between batches (all its time is waiting for
+    the next: input-bound), one works 0.3 s on each (larder has the next ready: compute-bound).
+    The verdicts come out right within 5 s, from the Python API and from `larder top --once`."""
+    from conftest import larder_binary
+
+    make_h5(tmp_path / "big.h5", 6000, shape=(3, 64, 64))  # epochs longer than the test
+    d = Daemon(tmp_path, f'[[dataset]]\nname = "big"\npath = "{tmp_path / "big.h5"}"\nlabels = "labels"\n',
+               scratch="enabled = false\n", budget_bytes=1_000_000)
+    # Two client processes (a job is a process: its streams, epoch after epoch, are judged
+    # together).
+    script = ("import sys, time, larder\n"
+              "with larder.Client(sys.argv[1]) as c:\n"
+              "    for e in range(1000):\n"
+              "        for _ in c.stream('big', 64, seed=int(sys.argv[2]), epoch=e, prefetch=0):\n"
+              "            time.sleep(float(sys.argv[3]))\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
+    jobs = [subprocess.Popen([sys.executable, "-c", script, d.unix, str(seed), str(work)], env=env)
+            for seed, work in ((1, 0.0), (2, 0.3))]
+    try:
+        time.sleep(5)
+        with larder.Client(d.unix) as c:
+            rows = c.streams().streams
+        by_pid = {r.pid: r.verdict for r in rows}
+        assert by_pid == {jobs[0].pid: "input-bound", jobs[1].pid: "compute-bound"}, rows
+        top = subprocess.run([str(larder_binary()), "--addr", d.unix, "top", "--once"],
+                             capture_output=True, text=True, timeout=30)
+        assert top.returncode == 0, top.stderr
+        assert "input-bound" in top.stdout and "compute-bound" in top.stdout and "big" in top.stdout, top.stdout
+        assert "memory tier" in top.stdout.splitlines()[0]
+    finally:
+        for j in jobs:
+            j.kill()
+            j.wait()
+        d.stop()

@@ -36,6 +36,14 @@ enum Command {
     Rm { name: String },
     /// Show per-tier hits, bytes, memory use and client stall time.
     Stats,
+    /// The streams open now, refreshed every second (Ctrl-C quits): per stream its dataset,
+    /// user and process, rank, progress, samples/s, how long its client waits for batches and
+    /// the verdict (input-bound, balanced, compute-bound); yours in detail, others' counted.
+    Top {
+        /// Print one frame and exit (for scripts).
+        #[arg(long)]
+        once: bool,
+    },
     /// List the samples skipped because their files do not read or decode, with why.
     Bad {
         /// Only this dataset's (default: every dataset's).
@@ -225,6 +233,30 @@ async fn main() -> Result<()> {
             let mut client = connect(&args.addr).await?;
             let stats = client.get_stats(GetStatsRequest {}).await?.into_inner();
             println!("{}", larder::metrics::format_stats(&stats));
+        }
+        Command::Top { once } => {
+            let mut client = connect(&args.addr).await?;
+            let mut last: std::collections::HashMap<u64, (f64, u64)> = Default::default();
+            loop {
+                let stats = client.get_stats(GetStatsRequest {}).await?.into_inner();
+                let streams = client
+                    .list_streams(larder::proto::ListStreamsRequest {})
+                    .await?
+                    .into_inner();
+                let frame = larder::metrics::format_top(&stats, &streams, &mut last);
+                if once {
+                    print!("{frame}");
+                    break;
+                }
+                // Clear the screen and draw the frame from its top left corner.
+                print!("\x1b[2J\x1b[H{frame}");
+                use std::io::Write;
+                std::io::stdout().flush()?;
+                tokio::select! {
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                    _ = tokio::signal::ctrl_c() => break,
+                }
+            }
         }
         Command::Bad { dataset } => {
             let n = bad(&args.addr, dataset.as_deref().unwrap_or("")).await?;

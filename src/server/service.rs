@@ -16,8 +16,9 @@ use crate::proto::larder_server::Larder;
 use crate::proto::{
     AddDatasetRequest, AddDatasetResponse, BadSample, Batch, DatasetInfo, GetStatsRequest,
     ListBadSamplesRequest, ListBadSamplesResponse, ListDatasetsRequest, ListDatasetsResponse,
-    RemoveDatasetRequest, RemoveDatasetResponse, Stats, StreamBatchesRequest, StreamPlan,
-    UnavailableDataset, VariableLayout, WarmProgress, WarmRequest,
+    ListStreamsRequest, ListStreamsResponse, RemoveDatasetRequest, RemoveDatasetResponse, Stats,
+    StreamBatchesRequest, StreamInfo, StreamPlan, UnavailableDataset, VariableLayout, WarmProgress,
+    WarmRequest,
 };
 use crate::sampler::{Plan, PlanRequest};
 use crate::streams::{StreamSpec, Streams};
@@ -461,6 +462,58 @@ impl Larder for Service {
         Ok(Response::new(RemoveDatasetResponse {}))
     }
 
+    async fn list_streams(
+        &self,
+        request: Request<ListStreamsRequest>,
+    ) -> Result<Response<ListStreamsResponse>, Status> {
+        let who = Caller::of(&request);
+        let mine = |s: &crate::streams::StreamSnapshot| match (&who, s.spec.peer) {
+            (w, _) if w.is_admin() => true,
+            (Caller::Local(id), Some(p)) => p.uid == id.uid,
+            _ => false,
+        };
+        let mut response = ListStreamsResponse::default();
+        for s in self.streams.snapshot() {
+            if !mine(&s) {
+                response.others += 1;
+                continue;
+            }
+            let open = s.open.as_secs_f64();
+            let wait = s.stalled.as_secs_f64();
+            let ratio = if open > 0.0 { wait / open } else { 0.0 };
+            // The verdict spans the client process's streams of the last minute (a job's epochs
+            // are streams of their own), this one included.
+            let (run_open, run_wait) = self.streams.run_totals(s.spec.peer);
+            let job_open = open + run_open.as_secs_f64();
+            let job_ratio = if job_open > 0.0 {
+                (wait + run_wait.as_secs_f64()) / job_open
+            } else {
+                0.0
+            };
+            response.streams.push(StreamInfo {
+                id: s.id,
+                dataset: s.spec.dataset.clone(),
+                user: s.spec.peer.map_or_else(
+                    || "tcp".to_string(),
+                    |p| crate::access::name_of_user(p.uid).unwrap_or_else(|| p.uid.to_string()),
+                ),
+                pid: s.spec.peer.and_then(|p| p.pid).unwrap_or(0),
+                rank: s.spec.rank,
+                world_size: s.spec.world_size.max(1),
+                epoch: s.spec.epoch,
+                batches: s.batches,
+                num_batches: s.spec.plan.num_batches,
+                samples: s.samples,
+                open_seconds: open,
+                wait_seconds: wait,
+                wait_ratio: ratio,
+                verdict: verdict(job_open, job_ratio).to_string(),
+                shm: s.spec.shm,
+            });
+        }
+        Ok(Response::new(response))
+    }
+
     async fn get_stats(&self, _: Request<GetStatsRequest>) -> Result<Response<Stats>, Status> {
         Ok(Response::new(self.stats()))
     }
@@ -592,6 +645,20 @@ impl Larder for Service {
         tokio::spawn(producer.run(tx));
         let metered = MeteredStream::new(rx, handle);
         Ok(Response::new(Box::pin(metered)))
+    }
+}
+
+/// Whether a stream's client waits on larder: by the share of its time open it waited for a
+/// batch that was not ready ("starting" for its first second).
+pub fn verdict(open_seconds: f64, wait_ratio: f64) -> &'static str {
+    if open_seconds < 1.0 {
+        "starting"
+    } else if wait_ratio > 0.2 {
+        "input-bound"
+    } else if wait_ratio >= 0.05 {
+        "balanced"
+    } else {
+        "compute-bound"
     }
 }
 

@@ -150,6 +150,18 @@ class ListDatasetsResponse(_message.Message):
     unavailable: _containers.RepeatedCompositeFieldContainer[UnavailableDataset]
     def __init__(self, datasets: _Optional[_Iterable[_Union[DatasetInfo, _Mapping]]] = ..., unavailable: _Optional[_Iterable[_Union[UnavailableDataset, _Mapping]]] = ...) -> None: ...
 
+class ListStreamsRequest(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class ListStreamsResponse(_message.Message):
+    __slots__ = ["others", "streams"]
+    OTHERS_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    others: int
+    streams: _containers.RepeatedCompositeFieldContainer[StreamInfo]
+    def __init__(self, streams: _Optional[_Iterable[_Union[StreamInfo, _Mapping]]] = ..., others: _Optional[int] = ...) -> None: ...
+
 class RemoveDatasetRequest(_message.Message):
     __slots__ = ["name"]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -281,6 +293,40 @@ class StreamBatchesRequest(_message.Message):
     worker: int
     world_size: int
     def __init__(self, dataset: _Optional[str] = ..., batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., sequential: bool = ..., drop_last: bool = ..., fields: _Optional[_Iterable[str]] = ..., variable_layout: _Optional[_Union[VariableLayout, str]] = ..., layout_version: _Optional[int] = ..., shm_ring: _Optional[bytes] = ..., held_slots: _Optional[_Iterable[int]] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., start_sample: _Optional[int] = ..., start_step: _Optional[int] = ..., even_batches: bool = ..., pipeline: _Optional[str] = ...) -> None: ...
+
+class StreamInfo(_message.Message):
+    __slots__ = ["batches", "dataset", "epoch", "id", "num_batches", "open_seconds", "pid", "rank", "samples", "shm", "user", "verdict", "wait_ratio", "wait_seconds", "world_size"]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    OPEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SHM_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    WAIT_RATIO_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    batches: int
+    dataset: str
+    epoch: int
+    id: int
+    num_batches: int
+    open_seconds: float
+    pid: int
+    rank: int
+    samples: int
+    shm: bool
+    user: str
+    verdict: str
+    wait_ratio: float
+    wait_seconds: float
+    world_size: int
+    def __init__(self, id: _Optional[int] = ..., dataset: _Optional[str] = ..., user: _Optional[str] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., epoch: _Optional[int] = ..., batches: _Optional[int] = ..., num_batches: _Optional[int] = ..., samples: _Optional[int] = ..., open_seconds: _Optional[float] = ..., wait_seconds: _Optional[float] = ..., wait_ratio: _Optional[float] = ..., verdict: _Optional[str] = ..., shm: bool = ...) -> None: ...
 
 class StreamPlan(_message.Message):
     __slots__ = ["num_batches", "num_samples", "prefetch_batches", "slot_bytes"]

@@ -54,6 +54,11 @@ class LarderStub(object):
                 request_serializer=larder_dot_v1_dot_larder__pb2.RemoveDatasetRequest.SerializeToString,
                 response_deserializer=larder_dot_v1_dot_larder__pb2.RemoveDatasetResponse.FromString,
                 )
+        self.ListStreams = channel.unary_unary(
+                '/larder.v1.Larder/ListStreams',
+                request_serializer=larder_dot_v1_dot_larder__pb2.ListStreamsRequest.SerializeToString,
+                response_deserializer=larder_dot_v1_dot_larder__pb2.ListStreamsResponse.FromString,
+                )
 
 
 class LarderServicer(object):
@@ -122,6 +127,14 @@ class LarderServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListStreams(self, request, context):
+        """The streams open now: the caller's own in detail (root and the daemon's user: everyone's),
+        the others' together, with how long their clients waited for batches and a verdict.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LarderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -164,6 +177,11 @@ def add_LarderServicer_to_server(servicer, server):
                     servicer.RemoveDataset,
                     request_deserializer=larder_dot_v1_dot_larder__pb2.RemoveDatasetRequest.FromString,
                     response_serializer=larder_dot_v1_dot_larder__pb2.RemoveDatasetResponse.SerializeToString,
+            ),
+            'ListStreams': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListStreams,
+                    request_deserializer=larder_dot_v1_dot_larder__pb2.ListStreamsRequest.FromString,
+                    response_serializer=larder_dot_v1_dot_larder__pb2.ListStreamsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -308,5 +326,22 @@ class Larder(object):
         return grpc.experimental.unary_unary(request, target, '/larder.v1.Larder/RemoveDataset',
             larder_dot_v1_dot_larder__pb2.RemoveDatasetRequest.SerializeToString,
             larder_dot_v1_dot_larder__pb2.RemoveDatasetResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListStreams(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/larder.v1.Larder/ListStreams',
+            larder_dot_v1_dot_larder__pb2.ListStreamsRequest.SerializeToString,
+            larder_dot_v1_dot_larder__pb2.ListStreamsResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
