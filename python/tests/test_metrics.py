@@ -147,3 +147,36 @@ def test_an_input_bound_job_and_a_compute_bound_one_are_told_apart(tmp_path):
             j.kill()
             j.wait()
         d.stop()
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed (scripts/setup)")
+def test_larder_top_in_a_real_terminal_shows_the_streams_and_quits_on_q(scraped, tmp_path):
+    from conftest import larder_binary
+
+    d, _ = scraped
+    session = f"larder-top-{os.getpid()}"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "20",
+                    f"{larder_binary()} --addr {d.unix} top; sleep 30"], check=True)
+    try:
+        screen = ""
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session],
+                                    capture_output=True, text=True).stdout
+            if "STREAM" in screen and "train" in screen:
+                break
+            time.sleep(0.2)
+        assert "STREAM" in screen and "train" in screen and "memory tier" in screen, screen
+        pid = subprocess.run(["tmux", "display-message", "-p", "-t", session, "#{pane_pid}"],
+                             capture_output=True, text=True).stdout.strip()
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
+        # top quits: only the shell's `sleep` is left under the pane.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            children = subprocess.run(["pgrep", "-P", pid, "-a"], capture_output=True, text=True).stdout
+            if " top" not in children:
+                break
+            time.sleep(0.2)
+        assert " top" not in children, children
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)

@@ -36,7 +36,7 @@ enum Command {
     Rm { name: String },
     /// Show per-tier hits, bytes, memory use and client stall time.
     Stats,
-    /// The streams open now, refreshed every second (Ctrl-C quits): per stream its dataset,
+    /// The streams open now, refreshed every second (`q` or Ctrl-C quits): per stream its dataset,
     /// user and process, rank, progress, samples/s, how long its client waits for batches and
     /// the verdict (input-bound, balanced, compute-bound); yours in detail, others' counted.
     Top {
@@ -237,6 +237,10 @@ async fn main() -> Result<()> {
         Command::Top { once } => {
             let mut client = connect(&args.addr).await?;
             let mut last: std::collections::HashMap<u64, (f64, u64)> = Default::default();
+            // In a terminal, keys come one at a time (no Enter) and unechoed: `q` quits.
+            let _raw = (!once).then(RawTerminal::enter).flatten();
+            let mut stdin = tokio::io::stdin();
+            let mut key = [0u8; 1];
             loop {
                 let stats = client.get_stats(GetStatsRequest {}).await?.into_inner();
                 let streams = client
@@ -252,9 +256,15 @@ async fn main() -> Result<()> {
                 print!("\x1b[2J\x1b[H{frame}");
                 use std::io::Write;
                 std::io::stdout().flush()?;
+                use tokio::io::AsyncReadExt;
                 tokio::select! {
                     _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
                     _ = tokio::signal::ctrl_c() => break,
+                    read = stdin.read(&mut key) => match read {
+                        Ok(1) if matches!(key[0], b'q' | b'Q') => break,
+                        Ok(0) | Err(_) => tokio::time::sleep(std::time::Duration::from_secs(1)).await,
+                        _ => {}
+                    },
                 }
             }
         }
@@ -340,4 +350,39 @@ async fn bad(addr: &str, dataset: &str) -> Result<usize> {
         println!("bad: {} sample {}: {}", s.dataset, s.index, s.error);
     }
     Ok(samples.len())
+}
+
+/// The terminal on stdin in non-canonical mode without echo while this lives (None when stdin
+/// is not a terminal); restored on drop.
+struct RawTerminal {
+    saved: libc::termios,
+}
+
+impl RawTerminal {
+    fn enter() -> Option<RawTerminal> {
+        // SAFETY: isatty and tcgetattr read the descriptor's state into `saved`.
+        unsafe {
+            if libc::isatty(0) != 1 {
+                return None;
+            }
+            let mut saved: libc::termios = std::mem::zeroed();
+            if libc::tcgetattr(0, &mut saved) != 0 {
+                return None;
+            }
+            let mut raw = saved;
+            raw.c_lflag &= !(libc::ICANON | libc::ECHO);
+            raw.c_cc[libc::VMIN] = 1;
+            raw.c_cc[libc::VTIME] = 0;
+            (libc::tcsetattr(0, libc::TCSANOW, &raw) == 0).then_some(RawTerminal { saved })
+        }
+    }
+}
+
+impl Drop for RawTerminal {
+    fn drop(&mut self) {
+        // SAFETY: puts back the state read in `enter`.
+        unsafe {
+            libc::tcsetattr(0, libc::TCSANOW, &self.saved);
+        }
+    }
 }
