@@ -145,12 +145,12 @@ impl NextUse {
         self.groups.iter().map(|g| g.cursors.len()).sum()
     }
 
-    /// Stream `id`'s cursor.
-    fn cursor(&mut self, id: u64) -> Option<&mut Cursor> {
-        self.groups
-            .iter_mut()
-            .flat_map(|g| g.cursors.iter_mut())
-            .find(|c| c.id == id)
+    /// Stream `id`'s cursor, and the length of its order.
+    fn cursor(&mut self, id: u64) -> Option<(u64, &mut Cursor)> {
+        self.groups.iter_mut().find_map(|g| {
+            let len = g.order.len();
+            g.cursors.iter_mut().find(|c| c.id == id).map(|c| (len, c))
+        })
     }
 
     /// Forgets stream `id` (and its order, if it was the last on it).
@@ -442,13 +442,7 @@ impl Eviction for NextUse {
                 self.dirty = true;
             }
             StreamEvent::At { id, position } => {
-                let Some(len) = (self.groups.iter())
-                    .find(|g| g.cursors.iter().any(|c| c.id == id))
-                    .map(|g| g.order.len())
-                else {
-                    return;
-                };
-                let Some(c) = self.cursor(id) else {
+                let Some((len, c)) = self.cursor(id) else {
                     return;
                 };
                 let position = position.min(len);
@@ -471,10 +465,7 @@ impl Eviction for NextUse {
             }
             StreamEvent::Closed { id, finished } => {
                 if finished {
-                    let len = (self.groups.iter())
-                        .find(|g| g.cursors.iter().any(|c| c.id == id))
-                        .map(|g| g.order.len());
-                    if let (Some(len), Some(c)) = (len, self.cursor(id)) {
+                    if let Some((len, c)) = self.cursor(id) {
                         c.position = len;
                         c.at = clock;
                         c.expires = Some(clock + (len / 4).max(1024));
