@@ -11,6 +11,8 @@ use tonic::{Code, Status};
 pub enum Kind {
     /// No dataset of that name (NOT_FOUND).
     UnknownDataset,
+    /// No open stream of that id, of the caller's process (NOT_FOUND).
+    UnknownStream,
     /// The request itself is wrong: a field, a size, a name, an option (INVALID_ARGUMENT).
     BadRequest,
     /// The request is well formed but not for this dataset or connection as they are: a
@@ -43,7 +45,7 @@ impl Kind {
     /// The gRPC status code clients see for this kind.
     pub fn code(self) -> Code {
         match self {
-            Kind::UnknownDataset => Code::NotFound,
+            Kind::UnknownDataset | Kind::UnknownStream => Code::NotFound,
             Kind::BadRequest => Code::InvalidArgument,
             Kind::Precondition | Kind::NoScratch | Kind::Changed => Code::FailedPrecondition,
             Kind::Denied => Code::PermissionDenied,

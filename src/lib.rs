@@ -12,6 +12,7 @@ pub mod demo;
 pub mod error;
 pub mod fields;
 pub mod fingerprint;
+pub mod insight;
 pub mod metrics;
 pub mod peer;
 pub mod pipeline;

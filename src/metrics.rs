@@ -38,7 +38,15 @@ pub struct Metrics {
     /// stream's ring had no free slot large enough.
     shm_batches: AtomicU64,
     shm_fallbacks: AtomicU64,
+    /// Batches by how long they kept their stream's sender waiting (`WAIT_BOUNDS`, then
+    /// longer), and the sum of those waits.
+    waits: [AtomicU64; WAIT_BOUNDS.len() + 1],
+    wait_sum_nanos: AtomicU64,
 }
+
+/// The batch-wait histogram's upper bounds, in seconds (tf.data's guide calls input not the
+/// bottleneck under 50 us).
+pub const WAIT_BOUNDS: [f64; 9] = [0.00005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -55,6 +63,8 @@ impl Default for Metrics {
             machine_available: AtomicU64::new(0),
             shm_batches: AtomicU64::new(0),
             shm_fallbacks: AtomicU64::new(0),
+            waits: Default::default(),
+            wait_sum_nanos: AtomicU64::new(0),
         }
     }
 }
@@ -71,6 +81,17 @@ impl Metrics {
 
     pub fn record_stall(&self, d: Duration) {
         self.stall_nanos.fetch_add(d.as_nanos() as u64, Relaxed);
+    }
+
+    /// A batch kept its stream's sender waiting `d` (zero: it was ready).
+    pub fn record_batch_wait(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let bucket = WAIT_BOUNDS
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(WAIT_BOUNDS.len());
+        self.waits[bucket].fetch_add(1, Relaxed);
+        self.wait_sum_nanos.fetch_add(d.as_nanos() as u64, Relaxed);
     }
 
     pub fn record_batch(&self, samples: u64, bytes: u64) {
@@ -134,6 +155,16 @@ impl Metrics {
             machine_available_bytes: self.machine_available.load(Relaxed),
             shm_batches: self.shm_batches.load(Relaxed),
             shm_fallbacks: self.shm_fallbacks.load(Relaxed),
+            batch_wait_bounds: WAIT_BOUNDS.to_vec(),
+            batch_wait_counts: self
+                .waits
+                .iter()
+                .scan(0, |sum, c| {
+                    *sum += c.load(Relaxed);
+                    Some(*sum)
+                })
+                .collect(),
+            batch_wait_sum_seconds: self.wait_sum_nanos.load(Relaxed) as f64 / 1e9,
             ..Default::default()
         }
     }
@@ -233,7 +264,7 @@ pub fn format_top(
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "larder: memory tier {:.0} of {:.0} MB ({} samples, hit rate {:.1}%), scratch {:.0} of {:.0} MB, rings {:.0} MB, machine {:.0} MB available",
+        "larder: memory tier {:.0} of {:.0} MB ({} samples, hit rate {:.1}%), scratch {:.0} of {:.0} MB, rings {:.0} MB, pool {:.0}% busy of {} threads, machine {:.0} MB available",
         mb(s.memory_bytes),
         mb(s.memory_budget_bytes),
         s.memory_entries,
@@ -241,14 +272,28 @@ pub fn format_top(
         mb(s.scratch_bytes),
         mb(s.scratch_budget_bytes),
         mb(s.shm_bytes),
+        streams.pool_busy * 100.0,
+        s.pool_threads,
         mb(s.machine_available_bytes)
     );
     let _ = writeln!(
         out,
-        "{:>6} {:<20} {:<12} {:>8} {:>6} {:>11} {:>10} {:>7}  {:<14}",
-        "STREAM", "DATASET", "USER", "PID", "RANK", "BATCHES", "SAMPLES/S", "WAIT%", "VERDICT"
+        "{:>5} {:<18} {:<10} {:<14} {:>5} {:>9} {:>9} {:>6} {:<13} {:<13} {:>11} {:>5}",
+        "ID",
+        "JOB",
+        "USER",
+        "DATASET",
+        "RANK",
+        "BATCHES",
+        "SAMPLES/S",
+        "WAIT%",
+        "VERDICT",
+        "CAUSE",
+        "MEM/SCR/RAW",
+        "READY"
     );
     let mut seen = std::collections::HashMap::new();
+    let clip = |s: &str, n: usize| s.chars().take(n).collect::<String>();
     for st in &streams.streams {
         let (t0, n0) = last.get(&st.id).copied().unwrap_or((0.0, 0));
         let dt = st.open_seconds - t0;
@@ -258,19 +303,45 @@ pub fn format_top(
             0.0
         };
         seen.insert(st.id, (st.open_seconds, st.samples));
+        let fetched = (st.memory_samples + st.scratch_samples + st.raw_samples).max(1) as f64;
+        let pct = |n: u64| (n as f64 / fetched * 100.0).round() as u64;
+        let job = if st.job.is_empty() {
+            format!("pid {}", st.pid)
+        } else {
+            st.job.clone()
+        };
         let _ = writeln!(
             out,
-            "{:>6} {:<20} {:<12} {:>8} {:>6} {:>11} {:>10.0} {:>6.1}%  {:<14}",
+            "{:>5} {:<18} {:<10} {:<14} {:>5} {:>9} {:>9.0} {:>5.1}% {:<13} {:<13} {:>11} {:>5}",
             st.id,
-            st.dataset,
-            st.user,
-            st.pid,
+            clip(&job, 18),
+            clip(&st.user, 10),
+            clip(&st.dataset, 14),
             format!("{}/{}", st.rank, st.world_size),
             format!("{}/{}", st.batches, st.num_batches),
             rate,
             st.wait_ratio * 100.0,
-            st.verdict
+            st.verdict,
+            if st.cause.is_empty() { "-" } else { &st.cause },
+            format!(
+                "{}/{}/{}",
+                pct(st.memory_samples),
+                pct(st.scratch_samples),
+                pct(st.raw_samples)
+            ),
+            st.ready_batches
         );
+    }
+    // The advice for each input-bound job, once.
+    let mut advised = std::collections::HashSet::new();
+    for st in streams
+        .streams
+        .iter()
+        .filter(|st| st.verdict == "input-bound")
+    {
+        if !st.advice.is_empty() && advised.insert((st.job.clone(), st.pid, st.advice.clone())) {
+            let _ = writeln!(out, "  {} ({}): {}", st.job, st.dataset, st.advice);
+        }
     }
     *last = seen;
     if streams.streams.is_empty() {

@@ -7,7 +7,7 @@
 //! format, with a HELP line for every family (`promtool check metrics` accepts it).
 
 use crate::proto::Stats;
-use crate::streams::StreamSnapshot;
+use crate::proto::StreamInfo;
 use anyhow::{Context, Result};
 use metrics::{counter, describe_counter, describe_gauge, gauge, Unit};
 use metrics_exporter_prometheus::PrometheusBuilder;
@@ -18,7 +18,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 /// What a scrape reads: the daemon's stats and its open streams, as of now.
-pub type Snapshot = Arc<dyn Fn() -> (Stats, Vec<StreamSnapshot>) + Send + Sync>;
+pub type Snapshot = Arc<dyn Fn() -> (Stats, Vec<StreamInfo>) + Send + Sync>;
 
 /// Most scrapes served at once (the rest wait their turn).
 const MAX_CONNECTIONS: usize = 8;
@@ -28,15 +28,38 @@ const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
 const MAX_REQUEST: usize = 8192;
 
 /// The exposition of `stats` and `streams`.
-pub fn render(stats: &Stats, streams: &[StreamSnapshot]) -> String {
+pub fn render(stats: &Stats, streams: &[StreamInfo]) -> String {
     // A recorder of its own per scrape: a stream that closed leaves no series behind.
     let recorder = PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     metrics::with_local_recorder(&recorder, || record(stats, streams));
-    handle.render()
+    let mut text = handle.render();
+    histogram(&mut text, stats);
+    text
 }
 
-fn record(s: &Stats, streams: &[StreamSnapshot]) {
+/// The batch-wait histogram, from the daemon's cumulative buckets (the recorder's histograms
+/// hold the values recorded into it, and this one is rebuilt each scrape).
+fn histogram(out: &mut String, s: &Stats) {
+    use std::fmt::Write;
+    if s.batch_wait_counts.len() != s.batch_wait_bounds.len() + 1 {
+        return;
+    }
+    let name = "larder_batch_wait_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} How long each batch kept its stream's sender waiting (0 when it was ready).\n# TYPE {name} histogram"
+    );
+    for (bound, count) in s.batch_wait_bounds.iter().zip(&s.batch_wait_counts) {
+        let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {count}");
+    }
+    let total = s.batch_wait_counts.last().copied().unwrap_or(0);
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {total}");
+    let _ = writeln!(out, "{name}_sum {}", s.batch_wait_sum_seconds);
+    let _ = writeln!(out, "{name}_count {total}\n");
+}
+
+fn record(s: &Stats, streams: &[StreamInfo]) {
     describe_counter!(
         "larder_lookups_total",
         "Sample lookups, by the tier that served them (memory, scratch, raw)."
@@ -203,15 +226,32 @@ fn record(s: &Stats, streams: &[StreamSnapshot]) {
         "Streams open now.",
         streams.len() as f64,
     );
+    g(
+        "larder_pool_busy_ratio",
+        Unit::Count,
+        "The preprocessing pool's busy share over the last 10 s.",
+        s.pool_busy,
+    );
+    g(
+        "larder_pool_threads",
+        Unit::Count,
+        "Threads in the preprocessing pool.",
+        s.pool_threads as f64,
+    );
     describe_gauge!(
         "larder_stream_samples",
         Unit::Count,
-        "Samples an open stream has sent (labels: dataset, rank, run = the client's uid:pid)."
+        "Samples an open stream has sent (labels: dataset, rank, run = the client's uid:pid, name = the job's name as its client gave it, stream)."
+    );
+    describe_gauge!(
+        "larder_stream_bytes_per_second",
+        Unit::Count,
+        "Bytes an open stream has sent per second since it opened."
     );
     describe_gauge!(
         "larder_stream_wait_seconds",
         Unit::Seconds,
-        "Time an open stream's client waited for a batch that was not ready."
+        "Time an open stream's client waited for batches (its loop's wait in next() when the client reports it, else the daemon's)."
     );
     describe_gauge!(
         "larder_stream_open_seconds",
@@ -221,29 +261,55 @@ fn record(s: &Stats, streams: &[StreamSnapshot]) {
     describe_gauge!(
         "larder_stream_wait_ratio",
         Unit::Count,
-        "The share of an open stream's time its client waited for batches."
+        "The share of the job's step time spent waiting for batches (the client's measure over its last seconds, else the daemon's)."
+    );
+    describe_gauge!(
+        "larder_stream_verdict",
+        Unit::Count,
+        "1 for an open stream's verdict (input-bound, balanced, compute-bound, starting) and cause."
+    );
+    describe_gauge!(
+        "larder_stream_recent_samples",
+        Unit::Count,
+        "Samples an open stream got from each tier over the last 10 s."
+    );
+    describe_gauge!(
+        "larder_stream_ready_batches",
+        Unit::Count,
+        "Batches assembled ahead of an open stream's client."
     );
     for st in streams {
-        let run = match st.spec.peer {
-            Some(p) => format!("{}:{}", p.uid, p.pid.unwrap_or(0)),
-            None => "tcp".to_string(),
+        let labels = |extra: &[(&'static str, String)]| {
+            let mut l = vec![
+                ("dataset", st.dataset.clone()),
+                ("rank", st.rank.to_string()),
+                ("run", format!("{}:{}", st.user, st.pid)),
+                ("name", st.job.clone()),
+                ("stream", st.id.to_string()),
+            ];
+            l.extend_from_slice(extra);
+            l
         };
-        let labels = [
-            ("dataset", st.spec.dataset.clone()),
-            ("rank", st.spec.rank.to_string()),
-            ("run", run),
-            ("stream", st.id.to_string()),
-        ];
-        let open = st.open.as_secs_f64();
-        let waited = st.stalled.as_secs_f64();
-        gauge!("larder_stream_samples", &labels).set(st.samples as f64);
-        gauge!("larder_stream_wait_seconds", &labels).set(waited);
-        gauge!("larder_stream_open_seconds", &labels).set(open);
-        gauge!("larder_stream_wait_ratio", &labels).set(if open > 0.0 {
-            waited / open
-        } else {
-            0.0
-        });
+        let base = labels(&[]);
+        gauge!("larder_stream_samples", &base).set(st.samples as f64);
+        gauge!("larder_stream_bytes_per_second", &base).set(st.bytes_per_second);
+        gauge!("larder_stream_wait_seconds", &base).set(st.wait_seconds);
+        gauge!("larder_stream_open_seconds", &base).set(st.open_seconds);
+        gauge!("larder_stream_wait_ratio", &base).set(st.wait_ratio);
+        gauge!("larder_stream_ready_batches", &base).set(st.ready_batches as f64);
+        let verdict = labels(&[("verdict", st.verdict.clone()), ("cause", st.cause.clone())]);
+        gauge!("larder_stream_verdict", &verdict).set(1.0);
+        for (tier, n) in [
+            ("memory", st.memory_samples),
+            ("scratch", st.scratch_samples),
+            ("raw", st.raw_samples),
+        ] {
+            gauge!(
+                "larder_stream_recent_samples",
+                &labels(&[("tier", tier.into())])
+            )
+            .set(n as f64);
+        }
     }
 }
 

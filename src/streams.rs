@@ -5,6 +5,8 @@
 //! and what comes next (the eviction policy reading every stream's future, the access check at
 //! open, per-job metrics) read it here.
 
+use crate::error::{Error, Kind};
+use crate::insight::{ClientReport, Recent, TierMix};
 use crate::metrics::Metrics;
 use crate::peer::Peer;
 use crate::sampler::Plan;
@@ -64,7 +66,29 @@ pub struct StreamState {
     bytes: AtomicU64,
     /// Time the client waited for a batch that was not ready.
     stall_nanos: AtomicU64,
+    /// Batches assembled and waiting to be sent (the queue ahead of the client).
+    ready: AtomicU64,
+    /// What carries over from the client process's previous stream on the same dataset and
+    /// rank (its previous epoch): the job's name, the client's last report, where the samples
+    /// came from lately.
+    line: Mutex<Line>,
 }
+
+/// A job's view of one dataset, epoch after epoch: kept a minute after its last stream closed.
+#[derive(Debug, Clone, Default)]
+struct Line {
+    /// The job's name, as its client gave it.
+    job: String,
+    /// The client's last report of its loop's wait and step, and when it came.
+    report: Option<(ClientReport, Instant)>,
+    /// Where the samples came from lately: memory, scratch, raw.
+    mix: Arc<Recent<3>>,
+    /// When its last stream closed.
+    closed: Option<Instant>,
+}
+
+/// A line's key: the client process (uid, pid), the dataset's id, the rank.
+type LineKey = (u32, i32, u32, u32);
 
 /// A stream's state as of now.
 #[derive(Debug, Clone)]
@@ -77,6 +101,14 @@ pub struct StreamSnapshot {
     pub samples: u64,
     pub bytes: u64,
     pub stalled: Duration,
+    /// Batches ready ahead of the client.
+    pub ready: u64,
+    /// Where its samples came from over `insight::WINDOW`.
+    pub mix: TierMix,
+    /// The job's name, as the client gave it (empty until it reports).
+    pub job: String,
+    /// The client's report, while fresh (`insight::REPORT_FRESH`).
+    pub report: Option<ClientReport>,
 }
 
 /// The open streams.
@@ -90,6 +122,8 @@ pub struct Streams {
     /// Per client process (uid, pid): the time its closed streams were open and waited, so a
     /// job's verdict spans its epochs (each a stream of its own), kept a minute after its last.
     runs: Mutex<std::collections::HashMap<(u32, i32), RunTotals>>,
+    /// The lines of streams that closed lately (see `Line`).
+    lines: Mutex<std::collections::HashMap<LineKey, Line>>,
 }
 
 /// A client process's closed streams, together.
@@ -111,6 +145,7 @@ impl Streams {
             next_id: AtomicU64::new(1),
             open: Mutex::new(BTreeMap::new()),
             runs: Mutex::new(Default::default()),
+            lines: Mutex::new(Default::default()),
         })
     }
 
@@ -118,6 +153,9 @@ impl Streams {
     pub fn open(self: &Arc<Self>, spec: StreamSpec) -> StreamHandle {
         let id = self.next_id.fetch_add(1, Relaxed);
         self.metrics.stream_opened();
+        // The job's previous epoch on this dataset, if it closed within the last minute.
+        let mut line = self.take_line(line_key(&spec)).unwrap_or_default();
+        line.closed = None;
         let state = Arc::new(StreamState {
             id,
             next_batch: AtomicU64::new(spec.plan.start_batch),
@@ -127,6 +165,8 @@ impl Streams {
             samples: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             stall_nanos: AtomicU64::new(0),
+            ready: AtomicU64::new(0),
+            line: Mutex::new(line),
         });
         // Its future, to the memory tier's policy, before it reads anything.
         let plan = &state.spec.plan;
@@ -159,6 +199,45 @@ impl Streams {
         self.lock().values().map(|s| s.snapshot()).collect()
     }
 
+    /// The client `peer` reports how its loop spends its time on stream `id`, under the job
+    /// name `job`. Only the process that opened the stream may (another user's, or another
+    /// process's, report is refused as if the stream were not there). The stream as of now.
+    pub fn report(
+        &self,
+        id: u64,
+        peer: Option<Peer>,
+        job: &str,
+        report: ClientReport,
+    ) -> Result<StreamSnapshot, Error> {
+        let state = self.lock().get(&id).cloned();
+        let same = |p: Option<Peer>| match (p, peer) {
+            (Some(a), Some(b)) => a.uid == b.uid && a.pid == b.pid,
+            (None, None) => true,
+            _ => false,
+        };
+        let Some(state) = state.filter(|s| same(s.spec.peer)) else {
+            // (Told apart from a stream that is there but someone else's by nothing.)
+            return Err(Error::new(
+                Kind::UnknownStream,
+                format!("no open stream {id} of this process"),
+            ));
+        };
+        // A name for humans: printable, at most 64 characters.
+        let job: String = job.chars().filter(|c| !c.is_control()).take(64).collect();
+        let mut line = state.line();
+        line.job = job;
+        line.report = Some((report, Instant::now()));
+        drop(line);
+        Ok(state.snapshot())
+    }
+
+    /// The line `key` left by a stream that closed within the last minute.
+    fn take_line(&self, key: Option<LineKey>) -> Option<Line> {
+        let mut lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        lines.retain(|_, l| l.closed.is_some_and(|t| t.elapsed() < RUN_MEMORY));
+        lines.remove(&key?)
+    }
+
     /// The closed streams' totals of the client process `peer` (zero if none lately).
     pub fn run_totals(&self, peer: Option<Peer>) -> (Duration, Duration) {
         let Some(p) = peer else {
@@ -175,13 +254,24 @@ impl Streams {
     }
 }
 
+/// The line a stream of `spec` continues (none over TCP: no process to follow).
+fn line_key(spec: &StreamSpec) -> Option<LineKey> {
+    let p = spec.peer?;
+    Some((p.uid, p.pid.unwrap_or(0), spec.dataset_id, spec.rank))
+}
+
 /// Samples the streams `open` will look up this epoch, together.
 fn samples_of(open: &BTreeMap<u64, Arc<StreamState>>) -> u64 {
     open.values().map(|s| s.spec.plan.remaining_samples()).sum()
 }
 
 impl StreamState {
+    fn line(&self) -> std::sync::MutexGuard<'_, Line> {
+        self.line.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn snapshot(&self) -> StreamSnapshot {
+        let line = self.line().clone();
         StreamSnapshot {
             id: self.id,
             spec: self.spec.clone(),
@@ -191,6 +281,13 @@ impl StreamState {
             samples: self.samples.load(Relaxed),
             bytes: self.bytes.load(Relaxed),
             stalled: Duration::from_nanos(self.stall_nanos.load(Relaxed)),
+            ready: self.ready.load(Relaxed),
+            mix: line.mix.sum(crate::insight::WINDOW).0,
+            report: line
+                .report
+                .filter(|r| r.1.elapsed() < crate::insight::REPORT_FRESH)
+                .map(|r| r.0),
+            job: line.job,
         }
     }
 }
@@ -206,6 +303,11 @@ impl StreamHandle {
         &self.state.spec
     }
 
+    /// The stream's id.
+    pub fn id(&self) -> u64 {
+        self.state.id
+    }
+
     /// Batch `index`, of `samples` samples and `bytes` bytes, went to the client.
     pub fn record_batch(&self, index: u64, samples: u64, bytes: u64) {
         let s = &self.state;
@@ -214,6 +316,16 @@ impl StreamHandle {
         s.samples.fetch_add(samples, Relaxed);
         s.bytes.fetch_add(bytes, Relaxed);
         self.streams.metrics.record_batch(samples, bytes);
+    }
+
+    /// `ready` batches wait to be sent, ahead of the client.
+    pub fn record_ready(&self, ready: u64) {
+        self.state.ready.store(ready, Relaxed);
+    }
+
+    /// The stream's sender got a batch after waiting `d` for it (zero: it was ready).
+    pub fn record_batch_wait(&self, d: Duration) {
+        self.streams.metrics.record_batch_wait(d);
     }
 
     /// The client waited `d` for a batch that was not ready.
@@ -232,7 +344,7 @@ impl StreamHandle {
     pub fn cursor(&self) -> Cursor {
         Cursor {
             memory: self.streams.memory.clone(),
-            id: self.state.id,
+            state: self.state.clone(),
         }
     }
 }
@@ -242,13 +354,19 @@ impl StreamHandle {
 #[derive(Clone)]
 pub struct Cursor {
     memory: Arc<MemoryTier>,
-    id: u64,
+    state: Arc<StreamState>,
 }
 
 impl Cursor {
     /// The stream starts reading batch `b` of `plan`.
     pub fn reading(&self, plan: &Plan, b: u64) {
-        self.memory.stream_at(self.id, plan.resume_sample(b));
+        self.memory.stream_at(self.state.id, plan.resume_sample(b));
+    }
+
+    /// A batch's samples came from memory, scratch and raw, so many each.
+    pub fn fetched(&self, mix: TierMix) {
+        let recent = self.state.line().mix.clone();
+        recent.add(mix);
     }
 }
 
@@ -264,6 +382,12 @@ impl Drop for StreamHandle {
         // and leaves no next epoch to expect).
         let finished = s.batches > 0 && s.next_batch >= s.spec.plan.num_batches;
         streams.memory.stream_closed(s.id, finished);
+        if let Some(key) = line_key(&s.spec) {
+            let mut line = self.state.line().clone();
+            line.closed = Some(Instant::now());
+            let mut lines = streams.lines.lock().unwrap_or_else(|e| e.into_inner());
+            lines.insert(key, line);
+        }
         if let Some(p) = s.spec.peer {
             let mut runs = streams.runs.lock().unwrap_or_else(|e| e.into_inner());
             let run = runs
@@ -331,5 +455,63 @@ mod tests {
         assert!(streams.snapshot().is_empty());
         assert_eq!(metrics.to_proto().active_streams, 0);
         assert_eq!(metrics.to_proto().batches_served, 1);
+    }
+
+    #[test]
+    fn only_the_opening_process_reports_and_the_next_epoch_carries_the_job_on() {
+        let metrics = Arc::new(Metrics::default());
+        let streams = Streams::new(Arc::new(MemoryTier::new(1 << 20)), metrics);
+        let me = Peer {
+            uid: 1000,
+            pid: Some(42),
+        };
+        let spec = |epoch| StreamSpec {
+            peer: Some(me),
+            dataset: "a".into(),
+            dataset_id: 3,
+            plan: Arc::new(Plan::sequential(100, 10, 0)),
+            batch_size: 10,
+            seed: 0,
+            epoch,
+            shuffle: false,
+            rank: 0,
+            world_size: 1,
+            shm: false,
+        };
+        let report = ClientReport {
+            batches: 5,
+            window_wait: Duration::from_secs(3),
+            window_step: Duration::from_secs(1),
+            ..Default::default()
+        };
+        let a = streams.open(spec(0));
+        let id = a.id();
+        for other in [
+            Some(Peer {
+                uid: 1000,
+                pid: Some(43),
+            }),
+            Some(Peer {
+                uid: 1001,
+                pid: Some(42),
+            }),
+            None,
+        ] {
+            let e = streams.report(id, other, "forged", report).unwrap_err();
+            assert_eq!(e.kind(), Kind::UnknownStream);
+        }
+        assert!(streams.report(id + 1, Some(me), "job", report).is_err());
+        assert_eq!(streams.snapshot()[0].job, "");
+        let s = streams
+            .report(id, Some(me), "job\u{1b}[2J", report)
+            .unwrap();
+        assert_eq!(s.job, "job[2J", "no control characters reach a terminal");
+        a.cursor().fetched([1, 2, 3]);
+        drop(a);
+        // The next epoch of the same process, dataset and rank goes on from there.
+        let b = streams.open(spec(1));
+        let s = b.snapshot();
+        assert_eq!((s.job.as_str(), s.mix), ("job[2J", [1, 2, 3]));
+        assert_eq!(s.report.map(|r| r.batches), Some(5));
     }
 }

@@ -20,6 +20,8 @@ struct Shared {
     queue: Mutex<Queue>,
     /// Signalled when a job is queued or the pool closes.
     ready: Condvar,
+    /// Nanoseconds the threads spent on jobs, per second lately (the pool's busy share).
+    busy: crate::insight::Recent<1>,
 }
 
 #[derive(Default)]
@@ -35,6 +37,7 @@ impl Workers {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             ready: Condvar::new(),
+            busy: Default::default(),
         });
         for n in 0..threads {
             let shared = shared.clone();
@@ -48,6 +51,13 @@ impl Workers {
     /// Threads in the pool.
     pub fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// The share of the threads' time spent on jobs over the last `window` (0..=1).
+    pub fn busy_share(&self, window: std::time::Duration) -> f64 {
+        let ([nanos], span) = self.shared.busy.sum(window);
+        let span = span.max(std::time::Duration::from_secs(1)).as_nanos() as f64;
+        (nanos as f64 / (span * self.threads as f64)).min(1.0)
     }
 
     /// Runs `f` on the pool; its result, or an error if the job panicked.
@@ -91,7 +101,9 @@ impl Shared {
             };
             // A panicking job drops its result sender (its waiter gets the error) and the
             // thread goes on with the next job.
+            let began = std::time::Instant::now();
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+            self.busy.add([began.elapsed().as_nanos() as u64]);
         }
     }
 }

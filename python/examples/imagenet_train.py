@@ -144,6 +144,9 @@ def main() -> None:
         if distributed:
             train_sampler.set_epoch(epoch)  # as such scripts do: the larder dataset follows
         train(train_loader, model, criterion, optimizer, epoch, device, rank)
+        # larder: was the epoch input-bound? (the loop's own wait for batches, and the daemon's
+        # cause and fix when it was)
+        print(f"rank {rank} epoch {epoch}: {train_dataset.input_stats()}", flush=True)
         acc1, acc5, counted = validate(val_loader, model, device)
         if rank == 0:
             print(f"epoch {epoch}: val Acc@1 {acc1:.3f} Acc@5 {acc5:.3f} over {counted} images "

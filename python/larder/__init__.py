@@ -4,7 +4,7 @@
 `torch.utils.data.IterableDataset` for DataLoader workers and DDP ranks.
 """
 
-from larder.client import Batch, Client, LarderError, Ragged, DEFAULT_ADDRESS
+from larder.client import Batch, Client, InputStats, LarderError, Ragged, DEFAULT_ADDRESS
 
-__all__ = ["Batch", "Client", "LarderError", "Ragged", "DEFAULT_ADDRESS"]
+__all__ = ["Batch", "Client", "InputStats", "LarderError", "Ragged", "DEFAULT_ADDRESS"]
 __version__ = "0.1.0"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -10,7 +11,7 @@ import threading
 import time
 import warnings
 from collections.abc import Mapping
-from typing import Dict, Iterator, List, Optional, Sequence, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import grpc
 import numpy as np
@@ -110,7 +111,7 @@ class Batch(Mapping):
     """
 
     __slots__ = ("index", "num_batches", "step", "resume_sample", "sample_ids", "fields", "lengths",
-                 "padding")
+                 "padding", "stream_id")
 
     def __init__(self, msg: "Union[pb.Batch, RawBatch]", slot: Optional[np.ndarray] = None):
         raw = None
@@ -127,6 +128,8 @@ class Batch(Mapping):
         # every rank gets as many batches (even_batches): count them out of evaluation metrics
         # (`valid`). Daemons before this field send 0.
         self.padding: int = getattr(msg, "padding", 0)
+        # The stream's id in the daemon (`larder top`, `Client.streams()`; 0 from older ones).
+        self.stream_id: int = getattr(msg, "stream_id", 0)
         n = len(self.sample_ids)
         self.fields: Dict[str, Union[np.ndarray, Ragged]] = {}
         self.lengths: Dict[str, np.ndarray] = {}
@@ -216,9 +219,19 @@ class Client:
     that went away before giving up, in seconds.
     """
 
-    def __init__(self, address: Optional[str] = None, reconnect_timeout: float = 60.0):
+    def __init__(self, address: Optional[str] = None, reconnect_timeout: float = 60.0, *,
+                 job: Optional[str] = None, advice: Optional[bool] = None):
         self.address = _target(address or os.environ.get("LARDER_ADDR", DEFAULT_ADDRESS))
         self.reconnect_timeout = reconnect_timeout
+        # The job's name in `larder top` and the metrics: `job`, else $LARDER_JOB, else the
+        # script's name and this process's pid.
+        self.job = job or os.environ.get("LARDER_JOB") or _default_job()
+        # Whether a stream that has been input-bound for a while logs the cause and its fix once
+        # (default: yes, unless $LARDER_ADVICE is 0).
+        self.advice = advice if advice is not None else os.environ.get("LARDER_ADVICE", "1") != "0"
+        # How the loop spends its time, per (dataset, rank, worker): kept across the job's
+        # epochs (each a stream of its own).
+        self._meters: Dict[tuple, "_Meter"] = {}
         options = [
             ("grpc.max_receive_message_length", -1),
             ("grpc.max_send_message_length", -1),
@@ -273,10 +286,21 @@ class Client:
         raise LarderError(f"unknown dataset {name!r}", grpc.StatusCode.NOT_FOUND)
 
     def streams(self) -> "pb.ListStreamsResponse":
-        """The streams open now: yours in detail (`streams`: dataset, user, pid, rank, batches,
-        samples, wait_seconds, wait_ratio, and the verdict "input-bound", "balanced" or
-        "compute-bound"), other users' counted (`others`)."""
+        """The streams open now: yours in detail (`streams`: dataset, job, user, pid, rank,
+        batches, samples, wait_seconds, wait_ratio, the verdict "input-bound", "balanced" or
+        "compute-bound", its cause and advice, where the samples came from lately), other users'
+        counted (`others`), and the preprocessing pool's busy share (`pool_busy`)."""
         return self._call(self._stub.ListStreams, pb.ListStreamsRequest())
+
+    def input_stats(self, dataset: Optional[str] = None) -> "InputStats":
+        """How this process's loop has spent its time on `dataset`'s batches (the last dataset
+        streamed if None): see `InputStats`. Measured in the process that iterates the stream;
+        with DataLoader workers that is a worker, not the training loop (use
+        `larder.torch.loader`, which starts none)."""
+        meters = [m for k, m in self._meters.items() if dataset is None or k[0] == dataset]
+        if not meters:
+            return InputStats.empty(self.job, dataset or "")
+        return max(meters, key=lambda m: m.last_used).stats()
 
     def stats(self) -> "pb.Stats":
         return self._call(self._stub.GetStats, pb.GetStatsRequest())
@@ -360,12 +384,23 @@ class Client:
         The order is a function of (seed, epoch) only, so if the daemon goes away the stream
         reconnects and asks for the rest, starting at the next batch it has not yielded: every
         sample still comes exactly once.
+
+        The iterator times the loop around it (its wait in `next()`, its step between batches),
+        tells the daemon about once a second, and answers `.stats()` (an `InputStats`; also
+        `Client.input_stats(dataset)`, across epochs).
         """
         if transport not in ("auto", "shm", "bytes"):
             raise ValueError(f"transport must be 'auto', 'shm' or 'bytes', not {transport!r}")
         if transport == "shm" and _unix_path(self.address) is None:
             raise LarderError("transport='shm' needs the daemon's Unix socket (address unix:/path)")
         request = _request(dataset, batch_size, **shard)
+        key = (dataset, request.rank, request.worker)
+        meter = self._meters.get(key)
+        if meter is None:
+            meter = self._meters[key] = _Meter(self, dataset)
+        return _Metered(self._read(request, transport, pin_memory, prefetch), meter)
+
+    def _read(self, request, transport: str, pin_memory: bool, prefetch: int) -> Iterator[Batch]:
         state = _StreamState(max(prefetch, 0))
         batches = self._batches(request, transport, pin_memory, state)
         if prefetch <= 0:
@@ -665,3 +700,206 @@ def _in_background(batches: Iterator[Batch], depth: int, state: _StreamState) ->
             except queue.Empty:
                 pass
         thread.join()
+
+
+def _default_job() -> str:
+    import sys
+
+    path = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-") else ""
+    script = os.path.basename(path)
+    if script == "__main__.py":  # python -m package
+        script = os.path.basename(os.path.dirname(path))
+    return f"{script or 'python'}:{os.getpid()}"
+
+
+# The client's thresholds, as the daemon's (src/insight.rs): above INPUT_BOUND of the step
+# time waiting for batches, a job is input-bound; under COMPUTE_BOUND, compute-bound.
+INPUT_BOUND = 0.20
+COMPUTE_BOUND = 0.05
+# How far back the verdict looks, how often the client reports to the daemon, and how long a
+# job must have been input-bound before the one log line with the cause and its fix.
+WINDOW_SECONDS = 20.0
+REPORT_EVERY = 1.0
+ADVICE_AFTER = float(os.environ.get("LARDER_ADVICE_AFTER", "30"))
+
+
+def _verdict(seconds: float, ratio: float) -> str:
+    if seconds < 1.0:
+        return "starting"
+    if ratio > INPUT_BOUND:
+        return "input-bound"
+    if ratio >= COMPUTE_BOUND:
+        return "balanced"
+    return "compute-bound"
+
+
+class InputStats:
+    """Is the job input-bound? Measured by the client around the training loop's `next()`:
+    `wait_seconds` is the time the loop waited for a batch, `step_seconds` the time it spent
+    between batches (its step: forward, backward, everything else), both since the first
+    batch of this dataset in this process. `wait_ratio` is wait / (wait + step) over the last
+    20 s (`window_seconds`, spanning epochs), and `verdict` follows from it: "input-bound"
+    above 20%, "balanced" from 5%, "compute-bound" under 5% ("starting" before a second of
+    it). The daemon's side of the last report: `cause` (why batches are late: "raw reads",
+    "preprocessing", "scratch reads", "delivery"; empty when not waiting), `advice` (the fix
+    that fits it), `tiers` (where the stream's samples came from over its last 10 s:
+    memory/scratch/raw) and `ready_batches` (assembled ahead of the loop)."""
+
+    __slots__ = ("job", "dataset", "batches", "samples", "wait_seconds", "step_seconds", "wait_ratio",
+                 "window_seconds", "verdict", "cause", "advice", "tiers", "ready_batches", "stream_id")
+
+    def __init__(self, **kw):
+        for k in self.__slots__:
+            setattr(self, k, kw[k])
+
+    @classmethod
+    def empty(cls, job: str, dataset: str) -> "InputStats":
+        return cls(job=job, dataset=dataset, batches=0, samples=0, wait_seconds=0.0, step_seconds=0.0,
+                   wait_ratio=0.0, window_seconds=0.0, verdict="starting", cause="", advice="",
+                   tiers={"memory": 0, "scratch": 0, "raw": 0}, ready_batches=0, stream_id=0)
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __repr__(self) -> str:
+        cause = f", cause {self.cause!r}" if self.cause else ""
+        return (f"InputStats({self.job} on {self.dataset}: {self.verdict}, waited {self.wait_ratio:.0%} of "
+                f"the step time over {self.window_seconds:.0f} s{cause}; {self.batches} batches)")
+
+
+class _Meter:
+    """How a job's loop spends its time on one dataset's batches, across its epochs; reports to
+    the daemon about once a second (without waiting for the answer), and logs the advice once."""
+
+    def __init__(self, client: "Client", dataset: str):
+        self.client = client
+        self.dataset = dataset
+        self.lock = threading.Lock()
+        self.batches = self.samples = 0
+        self.wait = self.step = 0.0
+        # (when, wait, step) per batch over the window, and their sums.
+        self.recent: "collections.deque" = collections.deque()
+        self.window_wait = self.window_step = 0.0
+        self.stream_id = 0
+        self.reported = 0.0
+        self.report_failed = False
+        self.answer: Optional["pb.StreamInfo"] = None
+        self.bound_since: Optional[float] = None
+        self.advised = False
+        self.last_used = time.monotonic()
+
+    def record(self, wait: float, step: float, batch: "Batch") -> None:
+        now = time.monotonic()
+        with self.lock:
+            self.last_used = now
+            self.batches += 1
+            self.samples += batch.size
+            self.wait += wait
+            self.step += step
+            self.recent.append((now, wait, step))
+            self.window_wait += wait
+            self.window_step += step
+            while self.recent and self.recent[0][0] < now - WINDOW_SECONDS:
+                _, w, s = self.recent.popleft()
+                self.window_wait -= w
+                self.window_step -= s
+            # A new stream (the next epoch, a reconnection) is reported at its first batch.
+            fresh = batch.stream_id != self.stream_id
+            if batch.stream_id:
+                self.stream_id = batch.stream_id
+            due = (fresh or now - self.reported >= REPORT_EVERY) and self.stream_id and not self.report_failed
+            if due:
+                self.reported = now
+        if due:
+            self._report()
+        self._advise(now)
+
+    def _report(self) -> None:
+        with self.lock:
+            request = pb.ReportInputRequest(
+                stream_id=self.stream_id, job=self.client.job, batches=self.batches,
+                wait_seconds=self.wait, step_seconds=self.step,
+                window_wait_seconds=max(self.window_wait, 0.0), window_step_seconds=max(self.window_step, 0.0))
+        try:
+            future = self.client._stub.ReportInput.future(request, timeout=5)
+        except ValueError:  # the channel is closed
+            return
+
+        def done(f) -> None:
+            try:
+                self.answer = f.result()
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    self.report_failed = True  # a daemon older than ReportInput
+            except Exception:  # cancelled as the channel closed
+                pass
+
+        future.add_done_callback(done)
+
+    def _ratio(self) -> Tuple[float, float]:
+        total = max(self.window_wait, 0.0) + max(self.window_step, 0.0)
+        return total, (max(self.window_wait, 0.0) / total if total > 0 else 0.0)
+
+    def _advise(self, now: float) -> None:
+        if not self.client.advice or self.advised:
+            return
+        seconds, ratio = self._ratio()
+        if _verdict(seconds, ratio) != "input-bound":
+            self.bound_since = None
+            return
+        if self.bound_since is None:
+            self.bound_since = now
+        if now - self.bound_since < ADVICE_AFTER:
+            return
+        self.advised = True
+        answer = self.answer
+        cause = f" ({answer.cause})" if answer is not None and answer.cause else ""
+        fix = answer.advice if answer is not None and answer.advice else "see `larder top`"
+        log.warning("larder: job %s waited for %s's batches %.0f%% of its step time for %.0f s: input-bound%s. %s",
+                    self.client.job, self.dataset, ratio * 100, now - self.bound_since, cause, fix)
+
+    def stats(self) -> InputStats:
+        with self.lock:
+            seconds, ratio = self._ratio()
+            answer = self.answer
+            return InputStats(
+                job=self.client.job, dataset=self.dataset, batches=self.batches, samples=self.samples,
+                wait_seconds=self.wait, step_seconds=self.step, wait_ratio=ratio, window_seconds=seconds,
+                verdict=_verdict(seconds, ratio),
+                cause=answer.cause if answer is not None else "",
+                advice=answer.advice if answer is not None else "",
+                tiers={"memory": answer.memory_samples if answer is not None else 0,
+                       "scratch": answer.scratch_samples if answer is not None else 0,
+                       "raw": answer.raw_samples if answer is not None else 0},
+                ready_batches=answer.ready_batches if answer is not None else 0,
+                stream_id=self.stream_id)
+
+
+class _Metered:
+    """A stream's batches, timing the loop around them: the time it waits in `next()` and the
+    time it spends between two batches (its step). `stats()` says what they add up to."""
+
+    def __init__(self, batches: Iterator[Batch], meter: _Meter):
+        self._batches = batches
+        self._meter = meter
+        self._returned: Optional[float] = None
+
+    def __iter__(self) -> "_Metered":
+        return self
+
+    def __next__(self) -> Batch:
+        asked = time.perf_counter()
+        batch = next(self._batches)
+        got = time.perf_counter()
+        # The first batch of a stream has no step before it (an epoch's start follows validation
+        # or a checkpoint, which is not the step's).
+        step = asked - self._returned if self._returned is not None else 0.0
+        self._meter.record(got - asked, step, batch)
+        self._returned = time.perf_counter()
+        return batch
+
+    def close(self) -> None:
+        self._batches.close()
+
+    def stats(self) -> InputStats:
+        return self._meter.stats()

@@ -322,6 +322,13 @@ class LarderIterableDataset(IterableDataset):
             self._client_pid = os.getpid()
         return self._client
 
+    def input_stats(self):
+        """Is the job input-bound? How the loop iterating this dataset in this process spent its
+        time: the share of its step time waiting for batches over the last 20 s, the verdict,
+        and the daemon's cause and fix (see `larder.client.InputStats`). With DataLoader workers
+        it is measured in the worker (use `larder.torch.loader`, which starts none)."""
+        return self._connection().input_stats(self.dataset)
+
     @property
     def epoch(self) -> int:
         """The epoch the next iteration (of the furthest worker) serves."""

@@ -344,6 +344,10 @@ def test_imagenet_shaped_example_trains_and_validates_every_image_once(tmp_path,
     assert float(vals[-1][2]) == 100.0, "top-5 of 4 classes"
     trained = re.findall(r"rank (\d+) epoch 0: train .*? \((\d+) samples", out.stdout)
     assert sorted(int(n) for _, n in trained) == ([101] if ranks == 1 else [51, 51]), out.stdout
+    # Each rank's own view of its input each epoch (a small model on a few images: any verdict).
+    stats = re.findall(r"rank (\d+) epoch (\d+): InputStats\((\S+) on quad: (\S+), waited", out.stdout)
+    assert len(stats) == 3 * ranks and all(v in ("input-bound", "balanced", "compute-bound", "starting")
+                                           for *_, v in stats), out.stdout
 
 
 def test_image_folder_by_path_is_added_once_and_streams_both_recipes(tmp_path):

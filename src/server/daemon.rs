@@ -150,9 +150,9 @@ impl Daemon {
                     .with_context(|| format!("listening for Prometheus on {listen}"))?;
                 let addr = listener.local_addr()?;
                 metrics_addr = Some(addr);
-                let (service, streams) = (service.clone(), service.streams());
+                let service = service.clone();
                 let snapshot: crate::prometheus_metrics::Snapshot =
-                    Arc::new(move || (service.stats(), streams.snapshot()));
+                    Arc::new(move || (service.stats(), service.streams_view(|_| true).streams));
                 tracing::info!(%addr, "serving Prometheus metrics at /metrics");
                 Some(tokio::spawn(crate::prometheus_metrics::serve(
                     listener, snapshot,

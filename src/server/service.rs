@@ -12,13 +12,14 @@ use crate::access::{Caller, Proofs};
 use crate::catalog::{Catalog, Dataset, PipelineKind};
 use crate::config::Config;
 use crate::error::{bad_request, precondition, quote, Error, Kind};
+use crate::insight::ClientReport;
 use crate::proto::larder_server::Larder;
 use crate::proto::{
     AddDatasetRequest, AddDatasetResponse, BadSample, Batch, DatasetInfo, GetStatsRequest,
     ListBadSamplesRequest, ListBadSamplesResponse, ListDatasetsRequest, ListDatasetsResponse,
-    ListStreamsRequest, ListStreamsResponse, RemoveDatasetRequest, RemoveDatasetResponse, Stats,
-    StreamBatchesRequest, StreamInfo, StreamPlan, UnavailableDataset, VariableLayout, WarmProgress,
-    WarmRequest,
+    ListStreamsRequest, ListStreamsResponse, RemoveDatasetRequest, RemoveDatasetResponse,
+    ReportInputRequest, Stats, StreamBatchesRequest, StreamInfo, StreamPlan, UnavailableDataset,
+    VariableLayout, WarmProgress, WarmRequest,
 };
 use crate::sampler::{Plan, PlanRequest};
 use crate::streams::{StreamSpec, Streams};
@@ -26,6 +27,7 @@ use crate::tiers::store::{no_scratch, Store};
 use futures::Stream;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 
@@ -80,8 +82,71 @@ impl Service {
         self.streams.clone()
     }
 
+    /// A stream as `ListStreams` and `ReportInput` show it, judged (see `insight`) with the
+    /// pool's busy share `pool_busy`.
+    fn stream_info(&self, s: &crate::streams::StreamSnapshot, pool_busy: f64) -> StreamInfo {
+        let open = s.open.as_secs_f64();
+        // Without a fresh report from the client, the daemon's own measure, over the client
+        // process's streams of the last minute (a job's epochs are streams of their own).
+        let (run_open, run_wait) = self.streams.run_totals(s.spec.peer);
+        let daemon = (s.open + run_open, s.stalled + run_wait);
+        let j = crate::insight::judge(&s.spec.dataset, s.report, daemon, s.mix, pool_busy);
+        let per_second = |n: u64| if open > 0.0 { n as f64 / open } else { 0.0 };
+        StreamInfo {
+            id: s.id,
+            dataset: s.spec.dataset.clone(),
+            user: s.spec.peer.map_or_else(
+                || "tcp".to_string(),
+                |p| crate::access::name_of_user(p.uid).unwrap_or_else(|| p.uid.to_string()),
+            ),
+            pid: s.spec.peer.and_then(|p| p.pid).unwrap_or(0),
+            rank: s.spec.rank,
+            world_size: s.spec.world_size.max(1),
+            epoch: s.spec.epoch,
+            batches: s.batches,
+            num_batches: s.spec.plan.num_batches,
+            samples: s.samples,
+            open_seconds: open,
+            wait_seconds: s.report.map_or(s.stalled, |r| r.wait).as_secs_f64(),
+            wait_ratio: j.wait_ratio,
+            verdict: j.verdict.to_string(),
+            shm: s.spec.shm,
+            job: s.job.clone(),
+            measured_by_client: j.measured_by_client,
+            samples_per_second: per_second(s.samples),
+            bytes_per_second: per_second(s.bytes),
+            memory_samples: s.mix[0],
+            scratch_samples: s.mix[1],
+            raw_samples: s.mix[2],
+            cause: j.cause.to_string(),
+            advice: j.advice,
+            ready_batches: s.ready,
+        }
+    }
+
+    /// The open streams `shown` picks, as `ListStreams` answers (the others counted), with
+    /// the pool's busy share.
+    pub fn streams_view(
+        &self,
+        shown: impl Fn(&crate::streams::StreamSnapshot) -> bool,
+    ) -> ListStreamsResponse {
+        let pool_busy = self.store.pool_busy(crate::insight::WINDOW);
+        let mut response = ListStreamsResponse {
+            pool_busy,
+            ..Default::default()
+        };
+        for s in self.streams.snapshot() {
+            if shown(&s) {
+                response.streams.push(self.stream_info(&s, pool_busy));
+            } else {
+                response.others += 1;
+            }
+        }
+        response
+    }
+
     /// The daemon's counters and its memory in one account, as of now (what GetStats answers
-    /// and what an exporter would read).
+    /// and what the exporter reads).
     pub fn stats(&self) -> Stats {
         let (mem, scratch) = self.store.stats();
         let (shm_rings, shm_bytes, shm_budget_bytes) = self.rings.snapshot();
@@ -122,6 +187,8 @@ impl Service {
                 + in_flight
                 + allocator_free
                 + crate::alloc::UNACCOUNTED_ALLOWANCE,
+            pool_busy: self.store.pool_busy(crate::insight::WINDOW),
+            pool_threads: self.store.pool_threads() as u32,
             ..self.store.metrics.to_proto()
         }
     }
@@ -472,46 +539,32 @@ impl Larder for Service {
             (Caller::Local(id), Some(p)) => p.uid == id.uid,
             _ => false,
         };
-        let mut response = ListStreamsResponse::default();
-        for s in self.streams.snapshot() {
-            if !mine(&s) {
-                response.others += 1;
-                continue;
-            }
-            let open = s.open.as_secs_f64();
-            let wait = s.stalled.as_secs_f64();
-            let ratio = if open > 0.0 { wait / open } else { 0.0 };
-            // The verdict spans the client process's streams of the last minute (a job's epochs
-            // are streams of their own), this one included.
-            let (run_open, run_wait) = self.streams.run_totals(s.spec.peer);
-            let job_open = open + run_open.as_secs_f64();
-            let job_ratio = if job_open > 0.0 {
-                (wait + run_wait.as_secs_f64()) / job_open
+        Ok(Response::new(self.streams_view(mine)))
+    }
+
+    async fn report_input(
+        &self,
+        request: Request<ReportInputRequest>,
+    ) -> Result<Response<StreamInfo>, Status> {
+        let peer = Caller::of(&request).peer();
+        let r = request.into_inner();
+        let seconds = |s: f64| {
+            if s.is_finite() && s > 0.0 {
+                Duration::from_secs_f64(s.min(1e9))
             } else {
-                0.0
-            };
-            response.streams.push(StreamInfo {
-                id: s.id,
-                dataset: s.spec.dataset.clone(),
-                user: s.spec.peer.map_or_else(
-                    || "tcp".to_string(),
-                    |p| crate::access::name_of_user(p.uid).unwrap_or_else(|| p.uid.to_string()),
-                ),
-                pid: s.spec.peer.and_then(|p| p.pid).unwrap_or(0),
-                rank: s.spec.rank,
-                world_size: s.spec.world_size.max(1),
-                epoch: s.spec.epoch,
-                batches: s.batches,
-                num_batches: s.spec.plan.num_batches,
-                samples: s.samples,
-                open_seconds: open,
-                wait_seconds: wait,
-                wait_ratio: ratio,
-                verdict: verdict(job_open, job_ratio).to_string(),
-                shm: s.spec.shm,
-            });
-        }
-        Ok(Response::new(response))
+                Duration::ZERO
+            }
+        };
+        let report = ClientReport {
+            batches: r.batches,
+            wait: seconds(r.wait_seconds),
+            step: seconds(r.step_seconds),
+            window_wait: seconds(r.window_wait_seconds),
+            window_step: seconds(r.window_step_seconds),
+        };
+        let s = self.streams.report(r.stream_id, peer, &r.job, report)?;
+        let pool_busy = self.store.pool_busy(crate::insight::WINDOW);
+        Ok(Response::new(self.stream_info(&s, pool_busy)))
     }
 
     async fn get_stats(&self, _: Request<GetStatsRequest>) -> Result<Response<Stats>, Status> {
@@ -645,20 +698,6 @@ impl Larder for Service {
         tokio::spawn(producer.run(tx));
         let metered = MeteredStream::new(rx, handle);
         Ok(Response::new(Box::pin(metered)))
-    }
-}
-
-/// Whether a stream's client waits on larder: by the share of its time open it waited for a
-/// batch that was not ready ("starting" for its first second).
-pub fn verdict(open_seconds: f64, wait_ratio: f64) -> &'static str {
-    if open_seconds < 1.0 {
-        "starting"
-    } else if wait_ratio > 0.2 {
-        "input-bound"
-    } else if wait_ratio >= 0.05 {
-        "balanced"
-    } else {
-        "compute-bound"
     }
 }
 

@@ -9,6 +9,7 @@ use crate::access::{Caller, PROOF_TTL};
 use crate::catalog::Dataset;
 use crate::error::{quote, Error, Kind};
 use crate::fields::{FieldSpec, FieldView, Schema};
+use crate::insight::TierMix;
 use crate::metrics::Metrics;
 use crate::pipeline::{Cut, Pipeline};
 use crate::proto::{Batch, FieldBatch, VariableLayout};
@@ -167,7 +168,10 @@ impl Producer {
                 let (ring, buffers, cursor) = (ring.clone(), buffers.clone(), cursor.clone());
                 async move {
                     cursor.reading(&plan, b);
-                    assemble(&store, &ds, &plan, &sel, b, ring.as_ref(), &buffers).await
+                    let (batch, slot, mix) =
+                        assemble(&store, &ds, &plan, &sel, b, ring.as_ref(), &buffers).await?;
+                    cursor.fetched(mix);
+                    Ok((batch, slot))
                 }
             })
             .buffered(prefetch);
@@ -223,7 +227,7 @@ impl Producer {
 /// packs each selected field into one contiguous buffer, each sample cut by the stream's
 /// pipeline: into a slot of the stream's shared-memory ring when it has a free one the batch
 /// fits in, else into the message (a buffer from `buffers`). Returns the batch and the slot it
-/// went into.
+/// went into, and where its samples came from (memory, scratch, raw).
 pub async fn assemble(
     store: &Arc<Store>,
     ds: &Arc<Dataset>,
@@ -232,9 +236,20 @@ pub async fn assemble(
     b: u64,
     ring: Option<&Arc<Ring>>,
     buffers: &Arc<MessageBuffers>,
-) -> Result<(Batch, Option<Slot>)> {
+) -> Result<(Batch, Option<Slot>, TierMix)> {
     let planned = plan.batch(b);
-    let fetched = futures::future::try_join_all(planned.iter().map(|&i| store.get(ds, i))).await?;
+    let fetched = futures::future::try_join_all(planned.iter().map(|&i| store.get_from(ds, i)));
+    let mut mix = TierMix::default();
+    let fetched: Vec<Option<Bytes>> = fetched
+        .await?
+        .into_iter()
+        .map(|s| {
+            s.map(|(data, tier)| {
+                mix[tier as usize] += 1;
+                data
+            })
+        })
+        .collect();
     // The padding at the batch's end, less its samples skipped as bad.
     let real = planned.len() - plan.padding(b) as usize;
     let padding = fetched[real..].iter().filter(|s| s.is_some()).count() as u32;
@@ -291,7 +306,7 @@ pub async fn assemble(
             }
         }
     }
-    Ok((batch, slot))
+    Ok((batch, slot, mix))
 }
 
 /// Where every field lies in a record of fixed fields (the same in every record), and each
@@ -519,11 +534,16 @@ impl Stream for MeteredStream {
                 Poll::Pending
             }
             Poll::Ready(item) => {
-                if let Some(since) = self.waiting_since.take() {
-                    self.handle.record_stall(since.elapsed());
+                let waited = self.waiting_since.take().map(|since| since.elapsed());
+                if let Some(d) = waited {
+                    self.handle.record_stall(d);
                 }
-                match &item {
+                self.handle.record_ready(self.rx.len() as u64);
+                let mut item = item;
+                match &mut item {
                     Some(Ok(b)) => {
+                        self.handle.record_batch_wait(waited.unwrap_or_default());
+                        b.stream_id = self.handle.id();
                         self.next_batch = b.batch_index + 1;
                         self.handle.record_batch(
                             b.batch_index,

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
 /// A fetch in flight: the sample's bytes, or None for a sample skipped as bad.
-type Fetch = Shared<BoxFuture<'static, Result<Option<Bytes>, Arc<anyhow::Error>>>>;
+type Fetch = Shared<BoxFuture<'static, Result<Option<(Bytes, Tier)>, Arc<anyhow::Error>>>>;
 
 pub struct Store {
     pub memory: Arc<MemoryTier>,
@@ -150,6 +150,16 @@ impl Store {
         self.lock_scratch().get(&ds.id).cloned()
     }
 
+    /// The preprocessing pool's busy share over the last `window`.
+    pub fn pool_busy(&self, window: std::time::Duration) -> f64 {
+        self.workers.busy_share(window)
+    }
+
+    /// Threads in the preprocessing pool.
+    pub fn pool_threads(&self) -> usize {
+        self.workers.threads()
+    }
+
     /// The tiers' state: the memory tier's and the scratch tier's.
     pub fn stats(&self) -> (MemorySnapshot, ScratchSnapshot) {
         let scratch = self.scratch_space.as_ref().map(|s| s.snapshot());
@@ -163,11 +173,21 @@ impl Store {
     /// The preprocessed bytes of sample `index` of `ds`; None when the sample is skipped because
     /// its files do not read or decode (on_error = "skip").
     pub async fn get(self: &Arc<Self>, ds: &Arc<Dataset>, index: u64) -> Result<Option<Bytes>> {
+        Ok(self.get_from(ds, index).await?.map(|(data, _)| data))
+    }
+
+    /// As `get`, with the tier the bytes came from (for a sample another stream was already
+    /// fetching, the tier that fetch read).
+    pub async fn get_from(
+        self: &Arc<Self>,
+        ds: &Arc<Dataset>,
+        index: u64,
+    ) -> Result<Option<(Bytes, Tier)>> {
         let key = (ds.id, index);
         if let Some(data) = self.memory.get(&key) {
             self.metrics.record_hit(Tier::Memory, data.len() as u64);
             self.traced(key, Outcome::Hit);
-            return Ok(Some(data));
+            return Ok(Some((data, Tier::Memory)));
         }
         if ds.is_bad(index) {
             return Ok(None);
@@ -186,7 +206,7 @@ impl Store {
                     if let Some(data) = self.memory.peek(&key) {
                         self.metrics.record_hit(Tier::Memory, data.len() as u64);
                         self.traced(key, Outcome::Hit);
-                        return Ok(Some(data));
+                        return Ok(Some((data, Tier::Memory)));
                     }
                     self.traced(key, Outcome::Miss);
                     // The fetch runs as its own task: it finishes (and fills the tiers) even if
@@ -214,14 +234,14 @@ impl Store {
         self: Arc<Self>,
         ds: Arc<Dataset>,
         index: u64,
-    ) -> Result<Option<Bytes>, Arc<anyhow::Error>> {
+    ) -> Result<Option<(Bytes, Tier)>, Arc<anyhow::Error>> {
         let key = (ds.id, index);
         let result = match self.load(&ds, index).await {
             Ok(Ok((data, tier, bytes_read))) => {
                 self.metrics.record_hit(tier, bytes_read);
                 self.memory
                     .insert(key, data.clone(), ds.source.disk_bytes_of(index));
-                Ok(Some(data))
+                Ok(Some((data, tier)))
             }
             // The sample's own files failed: skipped, or the stream's error.
             Ok(Err(bad)) if ds.skips(&bad) => {

@@ -35,7 +35,7 @@ class BadSample(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., index: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ["batch_index", "data", "fields", "labels", "num_batches", "padding", "resume_sample", "sample_ids", "shape", "slot", "step"]
+    __slots__ = ["batch_index", "data", "fields", "labels", "num_batches", "padding", "resume_sample", "sample_ids", "shape", "slot", "step", "stream_id"]
     BATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class Batch(_message.Message):
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     SLOT_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     batch_index: int
     data: bytes
     fields: _containers.RepeatedCompositeFieldContainer[FieldBatch]
@@ -58,7 +59,8 @@ class Batch(_message.Message):
     shape: _containers.RepeatedScalarFieldContainer[int]
     slot: int
     step: int
-    def __init__(self, batch_index: _Optional[int] = ..., num_batches: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., sample_ids: _Optional[_Iterable[int]] = ..., fields: _Optional[_Iterable[_Union[FieldBatch, _Mapping]]] = ..., slot: _Optional[int] = ..., step: _Optional[int] = ..., resume_sample: _Optional[int] = ..., padding: _Optional[int] = ...) -> None: ...
+    stream_id: int
+    def __init__(self, batch_index: _Optional[int] = ..., num_batches: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., sample_ids: _Optional[_Iterable[int]] = ..., fields: _Optional[_Iterable[_Union[FieldBatch, _Mapping]]] = ..., slot: _Optional[int] = ..., step: _Optional[int] = ..., resume_sample: _Optional[int] = ..., padding: _Optional[int] = ..., stream_id: _Optional[int] = ...) -> None: ...
 
 class DatasetInfo(_message.Message):
     __slots__ = ["bad_samples", "fields", "has_labels", "has_train_pipeline", "name", "num_samples", "owner", "sample_bytes", "sample_shape", "source"]
@@ -155,12 +157,14 @@ class ListStreamsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListStreamsResponse(_message.Message):
-    __slots__ = ["others", "streams"]
+    __slots__ = ["others", "pool_busy", "streams"]
     OTHERS_FIELD_NUMBER: _ClassVar[int]
+    POOL_BUSY_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     others: int
+    pool_busy: float
     streams: _containers.RepeatedCompositeFieldContainer[StreamInfo]
-    def __init__(self, streams: _Optional[_Iterable[_Union[StreamInfo, _Mapping]]] = ..., others: _Optional[int] = ...) -> None: ...
+    def __init__(self, streams: _Optional[_Iterable[_Union[StreamInfo, _Mapping]]] = ..., others: _Optional[int] = ..., pool_busy: _Optional[float] = ...) -> None: ...
 
 class RemoveDatasetRequest(_message.Message):
     __slots__ = ["name"]
@@ -172,8 +176,26 @@ class RemoveDatasetResponse(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
 
+class ReportInputRequest(_message.Message):
+    __slots__ = ["batches", "job", "step_seconds", "stream_id", "wait_seconds", "window_step_seconds", "window_wait_seconds"]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    batches: int
+    job: str
+    step_seconds: float
+    stream_id: int
+    wait_seconds: float
+    window_step_seconds: float
+    window_wait_seconds: float
+    def __init__(self, stream_id: _Optional[int] = ..., job: _Optional[str] = ..., batches: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., step_seconds: _Optional[float] = ..., window_wait_seconds: _Optional[float] = ..., window_step_seconds: _Optional[float] = ...) -> None: ...
+
 class Stats(_message.Message):
-    __slots__ = ["accounted_bytes", "active_streams", "admissions_declined", "allocator_free_bytes", "anonymous_bytes", "anonymous_ceiling_bytes", "bad_samples", "batches_served", "bytes_served", "client_stall_seconds", "coalesced_fetches", "hit_rate", "machine_available_bytes", "measured_expansion_factor", "memory_budget_bytes", "memory_bytes", "memory_entries", "memory_policy", "memory_policy_bytes", "memory_policy_seconds", "message_buffer_in_flight_bytes", "message_buffer_spare_bytes", "planned_expansion_factor", "resident_bytes", "samples_served", "scratch_budget_bytes", "scratch_bytes", "scratch_corrupt_records", "scratch_paused", "shared_bytes", "shm_batches", "shm_budget_bytes", "shm_bytes", "shm_fallbacks", "shm_rings", "tiers", "uptime_seconds"]
+    __slots__ = ["accounted_bytes", "active_streams", "admissions_declined", "allocator_free_bytes", "anonymous_bytes", "anonymous_ceiling_bytes", "bad_samples", "batch_wait_bounds", "batch_wait_counts", "batch_wait_sum_seconds", "batches_served", "bytes_served", "client_stall_seconds", "coalesced_fetches", "hit_rate", "machine_available_bytes", "measured_expansion_factor", "memory_budget_bytes", "memory_bytes", "memory_entries", "memory_policy", "memory_policy_bytes", "memory_policy_seconds", "message_buffer_in_flight_bytes", "message_buffer_spare_bytes", "planned_expansion_factor", "pool_busy", "pool_threads", "resident_bytes", "samples_served", "scratch_budget_bytes", "scratch_bytes", "scratch_corrupt_records", "scratch_paused", "shared_bytes", "shm_batches", "shm_budget_bytes", "shm_bytes", "shm_fallbacks", "shm_rings", "tiers", "uptime_seconds"]
     ACCOUNTED_BYTES_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_STREAMS_FIELD_NUMBER: _ClassVar[int]
     ADMISSIONS_DECLINED_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +204,9 @@ class Stats(_message.Message):
     ANONYMOUS_CEILING_BYTES_FIELD_NUMBER: _ClassVar[int]
     BAD_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     BATCHES_SERVED_FIELD_NUMBER: _ClassVar[int]
+    BATCH_WAIT_BOUNDS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_WAIT_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_WAIT_SUM_SECONDS_FIELD_NUMBER: _ClassVar[int]
     BYTES_SERVED_FIELD_NUMBER: _ClassVar[int]
     CLIENT_STALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     COALESCED_FETCHES_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +222,8 @@ class Stats(_message.Message):
     MESSAGE_BUFFER_IN_FLIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_BUFFER_SPARE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PLANNED_EXPANSION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    POOL_BUSY_FIELD_NUMBER: _ClassVar[int]
+    POOL_THREADS_FIELD_NUMBER: _ClassVar[int]
     RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_SERVED_FIELD_NUMBER: _ClassVar[int]
     SCRATCH_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +245,9 @@ class Stats(_message.Message):
     anonymous_bytes: int
     anonymous_ceiling_bytes: int
     bad_samples: int
+    batch_wait_bounds: _containers.RepeatedScalarFieldContainer[float]
+    batch_wait_counts: _containers.RepeatedScalarFieldContainer[int]
+    batch_wait_sum_seconds: float
     batches_served: int
     bytes_served: int
     client_stall_seconds: float
@@ -234,6 +264,8 @@ class Stats(_message.Message):
     message_buffer_in_flight_bytes: int
     message_buffer_spare_bytes: int
     planned_expansion_factor: float
+    pool_busy: float
+    pool_threads: int
     resident_bytes: int
     samples_served: int
     scratch_budget_bytes: int
@@ -248,7 +280,7 @@ class Stats(_message.Message):
     shm_rings: int
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     uptime_seconds: float
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., memory_entries: _Optional[int] = ..., hit_rate: _Optional[float] = ..., client_stall_seconds: _Optional[float] = ..., batches_served: _Optional[int] = ..., samples_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., active_streams: _Optional[int] = ..., coalesced_fetches: _Optional[int] = ..., admissions_declined: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., machine_available_bytes: _Optional[int] = ..., measured_expansion_factor: _Optional[float] = ..., scratch_bytes: _Optional[int] = ..., scratch_budget_bytes: _Optional[int] = ..., scratch_corrupt_records: _Optional[int] = ..., scratch_paused: _Optional[str] = ..., planned_expansion_factor: _Optional[float] = ..., shm_rings: _Optional[int] = ..., shm_bytes: _Optional[int] = ..., shm_budget_bytes: _Optional[int] = ..., shm_batches: _Optional[int] = ..., shm_fallbacks: _Optional[int] = ..., bad_samples: _Optional[int] = ..., message_buffer_spare_bytes: _Optional[int] = ..., message_buffer_in_flight_bytes: _Optional[int] = ..., accounted_bytes: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., anonymous_bytes: _Optional[int] = ..., shared_bytes: _Optional[int] = ..., anonymous_ceiling_bytes: _Optional[int] = ..., allocator_free_bytes: _Optional[int] = ..., memory_policy: _Optional[str] = ..., memory_policy_bytes: _Optional[int] = ..., memory_policy_seconds: _Optional[float] = ...) -> None: ...
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., memory_entries: _Optional[int] = ..., hit_rate: _Optional[float] = ..., client_stall_seconds: _Optional[float] = ..., batches_served: _Optional[int] = ..., samples_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., active_streams: _Optional[int] = ..., coalesced_fetches: _Optional[int] = ..., admissions_declined: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., machine_available_bytes: _Optional[int] = ..., measured_expansion_factor: _Optional[float] = ..., scratch_bytes: _Optional[int] = ..., scratch_budget_bytes: _Optional[int] = ..., scratch_corrupt_records: _Optional[int] = ..., scratch_paused: _Optional[str] = ..., planned_expansion_factor: _Optional[float] = ..., shm_rings: _Optional[int] = ..., shm_bytes: _Optional[int] = ..., shm_budget_bytes: _Optional[int] = ..., shm_batches: _Optional[int] = ..., shm_fallbacks: _Optional[int] = ..., bad_samples: _Optional[int] = ..., message_buffer_spare_bytes: _Optional[int] = ..., message_buffer_in_flight_bytes: _Optional[int] = ..., accounted_bytes: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., anonymous_bytes: _Optional[int] = ..., shared_bytes: _Optional[int] = ..., anonymous_ceiling_bytes: _Optional[int] = ..., allocator_free_bytes: _Optional[int] = ..., memory_policy: _Optional[str] = ..., memory_policy_bytes: _Optional[int] = ..., memory_policy_seconds: _Optional[float] = ..., batch_wait_bounds: _Optional[_Iterable[float]] = ..., batch_wait_counts: _Optional[_Iterable[int]] = ..., batch_wait_sum_seconds: _Optional[float] = ..., pool_busy: _Optional[float] = ..., pool_threads: _Optional[int] = ...) -> None: ...
 
 class StreamBatchesRequest(_message.Message):
     __slots__ = ["batch_size", "dataset", "drop_last", "epoch", "even_batches", "fields", "held_slots", "layout_version", "num_workers", "pipeline", "rank", "seed", "sequential", "shm_ring", "start_batch", "start_sample", "start_step", "variable_layout", "worker", "world_size"]
@@ -295,38 +327,58 @@ class StreamBatchesRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., sequential: bool = ..., drop_last: bool = ..., fields: _Optional[_Iterable[str]] = ..., variable_layout: _Optional[_Union[VariableLayout, str]] = ..., layout_version: _Optional[int] = ..., shm_ring: _Optional[bytes] = ..., held_slots: _Optional[_Iterable[int]] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., start_sample: _Optional[int] = ..., start_step: _Optional[int] = ..., even_batches: bool = ..., pipeline: _Optional[str] = ...) -> None: ...
 
 class StreamInfo(_message.Message):
-    __slots__ = ["batches", "dataset", "epoch", "id", "num_batches", "open_seconds", "pid", "rank", "samples", "shm", "user", "verdict", "wait_ratio", "wait_seconds", "world_size"]
+    __slots__ = ["advice", "batches", "bytes_per_second", "cause", "dataset", "epoch", "id", "job", "measured_by_client", "memory_samples", "num_batches", "open_seconds", "pid", "rank", "raw_samples", "ready_batches", "samples", "samples_per_second", "scratch_samples", "shm", "user", "verdict", "wait_ratio", "wait_seconds", "world_size"]
+    ADVICE_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_BY_CLIENT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     NUM_BATCHES_FIELD_NUMBER: _ClassVar[int]
     OPEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
+    RAW_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    READY_BATCHES_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    SCRATCH_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     SHM_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     WAIT_RATIO_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    advice: str
     batches: int
+    bytes_per_second: float
+    cause: str
     dataset: str
     epoch: int
     id: int
+    job: str
+    measured_by_client: bool
+    memory_samples: int
     num_batches: int
     open_seconds: float
     pid: int
     rank: int
+    raw_samples: int
+    ready_batches: int
     samples: int
+    samples_per_second: float
+    scratch_samples: int
     shm: bool
     user: str
     verdict: str
     wait_ratio: float
     wait_seconds: float
     world_size: int
-    def __init__(self, id: _Optional[int] = ..., dataset: _Optional[str] = ..., user: _Optional[str] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., epoch: _Optional[int] = ..., batches: _Optional[int] = ..., num_batches: _Optional[int] = ..., samples: _Optional[int] = ..., open_seconds: _Optional[float] = ..., wait_seconds: _Optional[float] = ..., wait_ratio: _Optional[float] = ..., verdict: _Optional[str] = ..., shm: bool = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., dataset: _Optional[str] = ..., user: _Optional[str] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., epoch: _Optional[int] = ..., batches: _Optional[int] = ..., num_batches: _Optional[int] = ..., samples: _Optional[int] = ..., open_seconds: _Optional[float] = ..., wait_seconds: _Optional[float] = ..., wait_ratio: _Optional[float] = ..., verdict: _Optional[str] = ..., shm: bool = ..., job: _Optional[str] = ..., measured_by_client: bool = ..., samples_per_second: _Optional[float] = ..., bytes_per_second: _Optional[float] = ..., memory_samples: _Optional[int] = ..., scratch_samples: _Optional[int] = ..., raw_samples: _Optional[int] = ..., cause: _Optional[str] = ..., advice: _Optional[str] = ..., ready_batches: _Optional[int] = ...) -> None: ...
 
 class StreamPlan(_message.Message):
     __slots__ = ["num_batches", "num_samples", "prefetch_batches", "slot_bytes"]

@@ -59,6 +59,11 @@ class LarderStub(object):
                 request_serializer=larder_dot_v1_dot_larder__pb2.ListStreamsRequest.SerializeToString,
                 response_deserializer=larder_dot_v1_dot_larder__pb2.ListStreamsResponse.FromString,
                 )
+        self.ReportInput = channel.unary_unary(
+                '/larder.v1.Larder/ReportInput',
+                request_serializer=larder_dot_v1_dot_larder__pb2.ReportInputRequest.SerializeToString,
+                response_deserializer=larder_dot_v1_dot_larder__pb2.StreamInfo.FromString,
+                )
 
 
 class LarderServicer(object):
@@ -135,6 +140,14 @@ class LarderServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportInput(self, request, context):
+        """The client's measure of how its loop spends its time on one of its own open streams;
+        answered with the stream as the daemon sees it (verdict, cause, advice).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LarderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -182,6 +195,11 @@ def add_LarderServicer_to_server(servicer, server):
                     servicer.ListStreams,
                     request_deserializer=larder_dot_v1_dot_larder__pb2.ListStreamsRequest.FromString,
                     response_serializer=larder_dot_v1_dot_larder__pb2.ListStreamsResponse.SerializeToString,
+            ),
+            'ReportInput': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportInput,
+                    request_deserializer=larder_dot_v1_dot_larder__pb2.ReportInputRequest.FromString,
+                    response_serializer=larder_dot_v1_dot_larder__pb2.StreamInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -343,5 +361,22 @@ class Larder(object):
         return grpc.experimental.unary_unary(request, target, '/larder.v1.Larder/ListStreams',
             larder_dot_v1_dot_larder__pb2.ListStreamsRequest.SerializeToString,
             larder_dot_v1_dot_larder__pb2.ListStreamsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ReportInput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/larder.v1.Larder/ReportInput',
+            larder_dot_v1_dot_larder__pb2.ReportInputRequest.SerializeToString,
+            larder_dot_v1_dot_larder__pb2.StreamInfo.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
