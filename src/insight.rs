@@ -183,7 +183,7 @@ pub fn cause(dataset: &str, mix: TierMix, pool_busy: f64) -> (&'static str, Stri
         (
             "preprocessing",
             format!(
-                "the preprocessing pool is saturated decoding {dataset:?}: run `larder warm {dataset}` before the job so epochs read preprocessed samples, or raise `preprocess_workers` if cores are free"
+                "the preprocessing pool is saturated reading and preparing {dataset:?}: run `larder warm {dataset}` before the job so epochs read preprocessed samples, or raise `preprocess_workers` if cores are free"
             ),
         )
     } else if raw >= LOWER_TIER_SHARE {

@@ -1,10 +1,12 @@
 //! The daemon's counters for Prometheus: an HTTP endpoint (`[metrics] listen`, off by default)
 //! serving the text exposition at `/metrics`. Each scrape renders what `GetStats` answers (the
-//! tiers, the memory account, the rings) and the streams open now, one series per stream,
-//! labelled `dataset`, `rank` and `run` (the client's user and process; not `job`, which
-//! Prometheus keeps for its own scrape job and renames), so the labels are bounded by the
-//! streams open at the time. The exposition is `metrics-exporter-prometheus`'s classic text
-//! format, with a HELP line for every family (`promtool check metrics` accepts it).
+//! tiers, the memory account, the rings, the pool) and the streams open now, one series per
+//! stream, labelled `dataset`, `rank`, `run` (the client's user and process), `name` (the job's
+//! name as its client gave it) and `stream` (not `job`, which Prometheus keeps for its own
+//! scrape job and renames), so the labels are bounded by the streams open at the time. The
+//! exposition is `metrics-exporter-prometheus`'s classic text format, with a HELP line for
+//! every family (`promtool check metrics` accepts it); the batch-wait histogram, kept by the
+//! daemon, is written after it in the same format.
 
 use crate::proto::Stats;
 use crate::proto::StreamInfo;
@@ -241,7 +243,7 @@ fn record(s: &Stats, streams: &[StreamInfo]) {
     describe_gauge!(
         "larder_stream_samples",
         Unit::Count,
-        "Samples an open stream has sent (labels: dataset, rank, run = the client's uid:pid, name = the job's name as its client gave it, stream)."
+        "Samples an open stream has sent (labels: dataset, rank, run = the client's user:pid, name = the job's name as its client gave it, stream)."
     );
     describe_gauge!(
         "larder_stream_bytes_per_second",

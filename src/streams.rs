@@ -66,8 +66,8 @@ pub struct StreamState {
     bytes: AtomicU64,
     /// Time the client waited for a batch that was not ready.
     stall_nanos: AtomicU64,
-    /// Batches assembled and waiting to be sent (the queue ahead of the client).
-    ready: AtomicU64,
+    /// Batches assembled so far (less `batches`: those ready ahead of the client).
+    assembled: AtomicU64,
     /// What carries over from the client process's previous stream on the same dataset and
     /// rank (its previous epoch): the job's name, the client's last report, where the samples
     /// came from lately.
@@ -165,7 +165,7 @@ impl Streams {
             samples: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             stall_nanos: AtomicU64::new(0),
-            ready: AtomicU64::new(0),
+            assembled: AtomicU64::new(0),
             line: Mutex::new(line),
         });
         // Its future, to the memory tier's policy, before it reads anything.
@@ -281,7 +281,10 @@ impl StreamState {
             samples: self.samples.load(Relaxed),
             bytes: self.bytes.load(Relaxed),
             stalled: Duration::from_nanos(self.stall_nanos.load(Relaxed)),
-            ready: self.ready.load(Relaxed),
+            ready: self
+                .assembled
+                .load(Relaxed)
+                .saturating_sub(self.batches.load(Relaxed)),
             mix: line.mix.sum(crate::insight::WINDOW).0,
             report: line
                 .report
@@ -316,11 +319,6 @@ impl StreamHandle {
         s.samples.fetch_add(samples, Relaxed);
         s.bytes.fetch_add(bytes, Relaxed);
         self.streams.metrics.record_batch(samples, bytes);
-    }
-
-    /// `ready` batches wait to be sent, ahead of the client.
-    pub fn record_ready(&self, ready: u64) {
-        self.state.ready.store(ready, Relaxed);
     }
 
     /// The stream's sender got a batch after waiting `d` for it (zero: it was ready).
@@ -363,8 +361,9 @@ impl Cursor {
         self.memory.stream_at(self.state.id, plan.resume_sample(b));
     }
 
-    /// A batch's samples came from memory, scratch and raw, so many each.
+    /// A batch is assembled, its samples from memory, scratch and raw, so many each.
     pub fn fetched(&self, mix: TierMix) {
+        self.state.assembled.fetch_add(1, Relaxed);
         let recent = self.state.line().mix.clone();
         recent.add(mix);
     }

@@ -538,7 +538,6 @@ impl Stream for MeteredStream {
                 if let Some(d) = waited {
                     self.handle.record_stall(d);
                 }
-                self.handle.record_ready(self.rx.len() as u64);
                 let mut item = item;
                 match &mut item {
                     Some(Ok(b)) => {
