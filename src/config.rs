@@ -231,8 +231,8 @@ pub struct DatasetConfig {
     /// precedence over `resize`.
     #[serde(default)]
     pub crop_pct: Option<f64>,
-    /// Images: how the image fields are resampled when resized and cut: "linear" (default,
-    /// bilinear, antialiased when shrinking) or "cubic" (bicubic, PIL's and timm's
+    /// Images: how the image fields are resampled when resized and cut: "linear" or "bilinear"
+    /// (default, antialiased when shrinking) or "cubic"/"bicubic" (PIL's and timm's
     /// `interpolation="bicubic"`). Index masks are always resampled by the nearest pixel.
     #[serde(default)]
     pub interpolation: Option<crate::fields::Resample>,
@@ -729,6 +729,12 @@ mod tests {
         );
         let c = Config::parse(&format!("{base}crop=224\ncrop_pct=0.95")).unwrap();
         assert_eq!(c.datasets[0].kept_size(), 235, "timm: floor(224 / 0.95)");
+        let c = Config::parse(&format!("{base}interpolation=\"bilinear\"")).unwrap();
+        assert_eq!(
+            c.datasets[0].interpolation,
+            Some(crate::fields::Resample::Linear),
+            "torchvision's and timm's name"
+        );
         for bad in ["crop_pct=1.5", "crop_pct=0", "crop=0\ncrop_pct=0.9"] {
             let err = format!("{:#}", Config::parse(&format!("{base}{bad}")).unwrap_err());
             assert!(err.contains("crop_pct"), "{bad}: {err}");

@@ -95,7 +95,9 @@ impl DType {
 pub enum Resample {
     /// Each output pixel is one input pixel: masks and class ids stay what they were.
     Nearest,
-    /// Bilinear (or area, when shrinking): images.
+    /// Bilinear (or area, when shrinking): images. Also `"bilinear"`, torchvision's and
+    /// timm's name.
+    #[serde(alias = "bilinear")]
     Linear,
     /// Bicubic (Catmull-Rom, as PIL's BICUBIC), antialiased when shrinking: timm's and
     /// torchvision's `interpolation="bicubic"`.

@@ -152,6 +152,7 @@ def main() -> None:
             print(f"epoch {epoch}: val Acc@1 {acc1:.3f} Acc@5 {acc5:.3f} over {counted} images "
                   f"(the dataset has {len(val_loader.dataset)})", flush=True)
     if distributed:
+        dist.barrier()  # every rank done with its collectives before the group goes
         dist.destroy_process_group()
 
 

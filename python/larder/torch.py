@@ -3,8 +3,10 @@ float conversion that belongs on the GPU."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import weakref
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -15,6 +17,19 @@ from larder.client import Client, _request
 
 # Connections a forked worker inherited from its parent, kept from being closed in the child.
 _INHERITED: List[Client] = []
+# The connections datasets opened in this process, closed before the interpreter exits (a
+# gRPC channel left to the interpreter's last moments can abort the process as its threads go).
+_OPENED: "weakref.WeakSet[Client]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_opened() -> None:
+    for client in list(_OPENED):
+        if getattr(client, "_pid", os.getpid()) == os.getpid():
+            try:
+                client.close()
+            except Exception:
+                pass
 
 # DataLoader workers a dataset may have (one epoch counter each, in shared memory).
 _MAX_WORKERS = 1024
@@ -320,6 +335,8 @@ class LarderIterableDataset(IterableDataset):
                 _INHERITED.append(self._client)
             self._client = Client(self.address, self.reconnect_timeout)
             self._client_pid = os.getpid()
+            self._client._pid = self._client_pid
+            _OPENED.add(self._client)
         return self._client
 
     def input_stats(self):
@@ -674,6 +691,9 @@ def ImageFolder(
     crop: int = 224,
     crop_pct: Optional[float] = None,
     interpolation: Optional[str] = None,
+    scale: Optional[Tuple[float, float]] = None,
+    ratio: Optional[Tuple[float, float]] = None,
+    hflip: Optional[bool] = None,
     address: Optional[str] = None,
     labels: Optional[str] = None,
     **dataset_kwargs,
@@ -686,13 +706,21 @@ def ImageFolder(
     image resized to `resize` on its shorter side: `Resize(resize)` + `CenterCrop(crop)`). Two
     scripts naming the same folder with the same sizes share one dataset and its cache.
     timm's recipe: `crop_pct=0.95, interpolation="bicubic"` (the image kept at floor(crop /
-    crop_pct) on its shorter side, resampled bicubically). `dataset_kwargs` go to
-    LarderIterableDataset (seed, normalize, device, valid, ...)."""
+    crop_pct) on its shorter side, resampled bicubically); the train crop's `scale` and `ratio`
+    (torchvision's and timm's `--scale`/`--ratio`) and `hflip` (False: no flips). `dataset_kwargs`
+    go to LarderIterableDataset (seed, normalize, device, valid, ...)."""
     path = os.path.abspath(os.fspath(root))
     kind = "images" if os.path.isdir(path) else "hdf5"
     table: dict = {"kind": kind}
     if kind == "images":
-        table.update(resize=resize, crop=crop, train={})
+        train_table: dict = {}
+        if scale is not None:
+            train_table["scale"] = [float(x) for x in scale]
+        if ratio is not None:
+            train_table["ratio"] = [float(x) for x in ratio]
+        if hflip is not None:
+            train_table["flip"] = bool(hflip)
+        table.update(resize=resize, crop=crop, train=train_table)
         if crop_pct is not None:
             table["crop_pct"] = crop_pct
         if interpolation is not None:

@@ -350,6 +350,45 @@ def test_imagenet_shaped_example_trains_and_validates_every_image_once(tmp_path,
                                            for *_, v in stats), out.stdout
 
 
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_timm_recipe_trains_through_timms_prefetcher_with_mixup_and_validates_exactly(tmp_path, ranks):
+    """The timm recipe on image folders named by path: a timm model and optimizer, batches through
+    timm's PrefetchLoader and Mixup, the last partial batch dropped as timm does; validation over
+    exactly the val images on 1 and 2 ranks."""
+    pytest.importorskip("timm")
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    for split, n in (("train", 100), ("val", 41)):
+        for i in range(n):
+            c = i % 4
+            y, x = divmod(c, 2)
+            a = rng.integers(0, 60, (40, 40, 3), dtype=np.uint8)
+            a[y * 20:y * 20 + 20, x * 20:x * 20 + 20] += 150
+            (tmp_path / split / f"c{c}").mkdir(parents=True, exist_ok=True)
+            Image.fromarray(a).save(tmp_path / split / f"c{c}" / f"{i}.png")
+    d = Daemon(tmp_path, "")
+    launcher = [sys.executable]
+    if ranks > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
+    try:
+        out = subprocess.run(
+            launcher + [str(REPO / "python" / "examples" / "timm_train.py"), "--address", d.unix, "--folder",
+                        "--train", str(tmp_path / "train"), "--val", str(tmp_path / "val"), "--model", "test_resnet",
+                        "--img-size", "32", "--classes", "4", "-b", "8", "--epochs", "2"],
+            capture_output=True, text=True, timeout=300)
+    finally:
+        d.stop()
+    assert out.returncode == 0, out.stderr[-3000:]
+    vals = re.findall(r"epoch (\d+): val top-1 (\S+) over (\d+) images \(the dataset has (\d+)\)", out.stdout)
+    assert [v[0] for v in vals] == ["0", "1"] and all(v[2] == v[3] == "41" for v in vals), out.stdout
+    trained = re.findall(r"rank (\d+) epoch (\d+): train loss (\S+) \((\d+) samples\)", out.stdout)
+    # Whole rounds of 8 per rank; the short last one dropped.
+    assert sorted(int(n) for *_, n in trained) == [100 // (8 * ranks) * 8] * (2 * ranks), out.stdout
+    assert all(float(loss) == float(loss) for _, _, loss, _ in trained), "no NaN loss"
+
+
 def test_image_folder_by_path_is_added_once_and_streams_both_recipes(tmp_path):
     """`larder.torch.ImageFolder(path, ...)` as a script's `datasets.ImageFolder(path, ...)`:
     the first call adds the folder as the caller's dataset, the second (same sizes) finds it."""
@@ -376,5 +415,10 @@ def test_image_folder_by_path_is_added_once_and_streams_both_recipes(tmp_path):
         assert n == 10
         total = sum(int(v.sum()) for _, _, v in DataLoader(val, batch_size=None))
         assert total == 10
+        # timm's --scale/--ratio/--hflip: a train recipe of its own, its own dataset.
+        tuned = ImageFolder(root, 4, resize=64, crop=48, address=d.unix, scale=(0.5, 1.0), ratio=(0.9, 1.1),
+                            hflip=False)
+        assert tuned.dataset != train.dataset
+        assert sum(len(labels) for _, labels in DataLoader(tuned, batch_size=None)) == 10
     finally:
         d.stop()

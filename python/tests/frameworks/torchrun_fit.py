@@ -56,8 +56,10 @@ def main():
             if step == a.stop_after:
                 torch.save({"loader": loader.state_dict(), "epoch": epoch},
                            pathlib.Path(a.out) / f"state-{rank}.pt")
+                dist.barrier()
                 dist.destroy_process_group()
                 return
+    dist.barrier()  # every rank done with its collectives before the group goes
     dist.destroy_process_group()
 
 
