@@ -9,8 +9,12 @@ What a script of that shape changes to use larder is the three data lines marked
 below: the datasets (names the daemon serves, with the normalization the script applied), and
 `larder.torch.loader` in place of `DataLoader`, with the script's own arguments left as they
 were (workers, shuffle, sampler, pin_memory: larder says once in the log what it leaves aside).
-Validation is exact under any number of ranks: every rank gets the same number of batches, and
-the padding that takes is marked and counted out (`valid=True`, `exact_counts`).
+Validation is exact under any number of ranks with the script's own loop, as pytorch/examples'
+is (its meters, all-reduced at the end, and its check for a tail its sampler left out): the val
+stream serves every image exactly once (`even_batches=False`, the default of
+`larder.torch.ImageFolder(train=False)`); ranks may get one batch more or less, which a loop that
+all-reduces only at the end does not mind. (A loop that all-reduces every batch, as timm's,
+needs equal batch counts: `valid=True` and `exact_counts`; see timm_train.py.)
 """
 
 import argparse
@@ -22,14 +26,14 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import larder.torch
-from larder.torch import LarderIterableDataset, exact_counts
+from larder.torch import LarderIterableDataset
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
 def small_cnn(channels: int, classes: int) -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(channels, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(channels, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
         nn.Flatten(), nn.Linear(32 * 4, classes),
     )
@@ -74,18 +78,27 @@ def train(loader, model, criterion, optimizer, epoch, device, rank) -> None:
           f"({loss_m.count} samples, {loss_m.count / secs:.0f}/s)", flush=True)
 
 
-def validate(loader, model, device) -> tuple:
-    """(top-1 %, top-5 %, images counted), over every rank, each image exactly once."""
+def validate(loader, model, device, distributed: bool) -> tuple:
+    """(top-1 %, top-5 %, images counted), over every rank: the meters of each rank's batches,
+    all-reduced at the end, as pytorch/examples' main.py does."""
     model.eval()
-    c1 = c5 = total = 0
+    top1, top5 = Meter("Acc@1"), Meter("Acc@5")
     with torch.no_grad():
-        for images, target, valid in loader:
+        for images, target in loader:
             output = model(images)
             target = target.to(output.device)
-            hits1, n = exact_counts(correct_at(output, target, 1), valid)
-            hits5, _ = exact_counts(correct_at(output, target, 5), valid)
-            c1, c5, total = c1 + hits1, c5 + hits5, total + n
-    return 100 * c1 / max(total, 1), 100 * c5 / max(total, 1), total
+            top1.update(100.0 * correct_at(output, target, 1).float().mean().item(), images.size(0))
+            top5.update(100.0 * correct_at(output, target, 5).float().mean().item(), images.size(0))
+    if distributed:
+        for m in (top1, top5):
+            t = torch.tensor([m.sum, m.count], dtype=torch.float64)
+            dist.all_reduce(t)
+            m.sum, m.count = t[0].item(), int(t[1].item())
+        # main.py evaluates here, on every rank, the tail its DistributedSampler(drop_last=True)
+        # left out; larder served every image, so there is none.
+        world = dist.get_world_size()
+        assert len(loader.sampler) * world >= len(loader.dataset), "main.py would run its tail loader"
+    return top1.avg, top5.avg, top1.count
 
 
 def main() -> None:
@@ -132,7 +145,7 @@ def main() -> None:
     train_dataset = LarderIterableDataset(args.train, args.batch_size, address=args.address, seed=args.seed,
                                           pipeline=args.train_pipeline, normalize=(mean, std), device=device)
     val_dataset = LarderIterableDataset(args.val, args.batch_size, address=args.address, shuffle=False,
-                                        normalize=(mean, std), device=device, valid=True)
+                                        even_batches=False, normalize=(mean, std), device=device)
     train_sampler = torch.utils.data.distributed.DistributedSampler(train_dataset) if distributed else None
     # larder: the loaders, with the script's arguments as they were.
     train_loader = larder.torch.loader(train_dataset, batch_size=args.batch_size, shuffle=train_sampler is None,
@@ -147,7 +160,7 @@ def main() -> None:
         # larder: was the epoch input-bound? (the loop's own wait for batches, and the daemon's
         # cause and fix when it was)
         print(f"rank {rank} epoch {epoch}: {train_dataset.input_stats()}", flush=True)
-        acc1, acc5, counted = validate(val_loader, model, device)
+        acc1, acc5, counted = validate(val_loader, model, device, distributed)
         if rank == 0:
             print(f"epoch {epoch}: val Acc@1 {acc1:.3f} Acc@5 {acc5:.3f} over {counted} images "
                   f"(the dataset has {len(val_loader.dataset)})", flush=True)

@@ -564,7 +564,8 @@ class _Sizes(IterableDataset):
 class EpochSampler:
     """`loader.sampler`: what scripts call on a sampler. `set_epoch(e)` makes the next pass
     epoch e (the dataset's own `set_epoch`); `len()` is the samples this rank gets an epoch (as
-    `DistributedSampler`'s). Iterating it yields None forever, as DataLoader's sampler for an
+    `DistributedSampler`'s; with `even_batches=False`, its `num_samples`: the dataset's samples
+    over the ranks, rounded up). Iterating it yields None forever, as DataLoader's sampler for an
     iterable dataset does: the daemon orders the samples."""
 
     def __init__(self, ds: "LarderIterableDataset"):
@@ -577,7 +578,13 @@ class EpochSampler:
     def __len__(self) -> int:
         rank, world, _ = self.ds._ranks()
         if self._len is None or self._len[0] != (rank, world):
-            self._len = ((rank, world), _rank_samples(self.ds, whole=False))
+            if not self.ds.even_batches and not self.ds.drop_last:
+                # Every sample once, ranks' shares differing: DistributedSampler's num_samples,
+                # the share scripts multiply by the world size to find a tail left out (none).
+                n = -(-_rank_samples(self.ds, whole=True) // world)
+            else:
+                n = _rank_samples(self.ds, whole=False)
+            self._len = ((rank, world), n)
         return self._len[1]
 
     def __iter__(self):
@@ -708,7 +715,11 @@ def ImageFolder(
     timm's recipe: `crop_pct=0.95, interpolation="bicubic"` (the image kept at floor(crop /
     crop_pct) on its shorter side, resampled bicubically); the train crop's `scale` and `ratio`
     (torchvision's and timm's `--scale`/`--ratio`) and `hflip` (False: no flips). `dataset_kwargs`
-    go to LarderIterableDataset (seed, normalize, device, valid, ...)."""
+    go to LarderIterableDataset (seed, normalize, device, valid, ...). With `train=False` every
+    image comes exactly once under DDP (`even_batches=False`, so ranks may get one batch more or
+    less: right for a loop that all-reduces at the end, as pytorch/examples'), unless
+    `valid=True` asks for equal batch counts with the padding marked (timm's per-batch
+    all-reduce)."""
     path = os.path.abspath(os.fspath(root))
     kind = "images" if os.path.isdir(path) else "hdf5"
     table: dict = {"kind": kind}
@@ -748,4 +759,9 @@ def ImageFolder(
     full = own
     pipeline = "train" if train and kind == "images" else "eval"
     dataset_kwargs.setdefault("shuffle", train)
+    if not train:
+        # Evaluation: every image exactly once, so a script's own loop counts right under DDP
+        # (its ranks may get one batch more or less); with `valid=True` the ranks get equal
+        # batch counts instead, the padding marked (for loops that all-reduce every batch).
+        dataset_kwargs.setdefault("even_batches", bool(dataset_kwargs.get("valid", False)))
     return LarderIterableDataset(full, batch_size, address=address, pipeline=pipeline, **dataset_kwargs)
