@@ -284,7 +284,11 @@ def client_main(args) -> int:
                         cut = True
                         break
             except larder.LarderError as e:
-                emit(event="error", **what, batches=taken, code=str(e.code), msg=str(e))
+                # A ring the memory budget has no room for is refused (the daemon keeping its
+                # budget: rings count in it, at most half of it); the stream asked for
+                # transport="shm", so it has no fallback. An answer, not a failure.
+                refused = "RESOURCE_EXHAUSTED" in str(e.code) and "ring" in str(e)
+                emit(event="refused" if refused else "error", **what, batches=taken, code=str(e.code), msg=str(e))
                 time.sleep(0.2)
                 continue
             except Exception as e:  # noqa: BLE001 - reported, the soak goes on
@@ -693,6 +697,7 @@ def summarize(args, samples, readings, start, end, idle, events, kills, hung, da
         ("epochs per dataset", per_dataset),
         ("wrong epochs", f"{len(wrong)}"),
         ("client errors / warnings", f"{len(errors)} / {len(warnings)}"),
+        ("shm streams refused a ring (over the memory budget's half)", str(count(event="refused"))),
         ("anonymous MiB: start / after warm-up / max / end / idle",
          " / ".join([mib(start["RssAnon"]), mib(warm["RssAnon"]) if warm else "n/a",
                      mib(max(s["RssAnon"] for s in samples)), mib(end["RssAnon"]) if end else "n/a",
