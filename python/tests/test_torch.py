@@ -422,3 +422,38 @@ def test_image_folder_by_path_is_added_once_and_streams_both_recipes(tmp_path):
         assert sum(len(labels) for _, labels in DataLoader(tuned, batch_size=None)) == 10
     finally:
         d.stop()
+
+
+def test_lightning_callback_logs_each_epochs_input_stats(daemon, caplog):
+    """`larder.lightning.InputStats()`: at each training epoch's end, the larder dataset under
+    the trainer's loader is found, its InputStats logged as one line and as metrics."""
+    L = pytest.importorskip("lightning")
+    import logging
+
+    import larder.lightning
+    import larder.torch
+
+    class Model(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(2 * 4 * 4, 10)
+
+        def training_step(self, batch, _):
+            images, labels = batch
+            return torch.nn.functional.cross_entropy(self.net(images.float().flatten(1)), labels)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    ds = LarderIterableDataset("train", 16, address=daemon.unix, seed=1)
+    callback = larder.lightning.InputStats()
+    trainer = L.Trainer(max_epochs=2, callbacks=[callback], logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1)
+    with caplog.at_level(logging.INFO, logger="larder"):
+        trainer.fit(Model(), larder.torch.loader(ds, batch_size=16))
+    assert len(callback.last) == 1 and callback.last[0].dataset == "train"
+    assert callback.last[0].batches == 2 * 19, "both epochs' batches, one meter"
+    assert callback.last[0].verdict in ("input-bound", "balanced", "compute-bound", "starting")
+    lines = [r.getMessage() for r in caplog.records if "InputStats(" in r.getMessage()]
+    assert [line.split(",")[0] for line in lines] == ["larder: epoch 0", "larder: epoch 1"], lines
+    assert "larder/wait_ratio" in trainer.callback_metrics and "larder/input_bound" in trainer.callback_metrics
