@@ -37,6 +37,10 @@ pub struct Dataset {
     pub owner: Option<u32>,
     /// Samples that failed to read or decode (skipped), by index: why, the file named.
     bad: Mutex<BTreeMap<u64, String>>,
+    /// Its lookups and the bytes read for them, by the tier that served them (memory, scratch,
+    /// raw), since it was opened.
+    pub lookups: [std::sync::atomic::AtomicU64; 3],
+    pub read_bytes: [std::sync::atomic::AtomicU64; 3],
 }
 
 /// A stream's choice of pipeline.
@@ -71,6 +75,8 @@ impl Dataset {
             },
             owner: None,
             bad: Mutex::new(BTreeMap::new()),
+            lookups: Default::default(),
+            read_bytes: Default::default(),
         }
     }
 
@@ -130,6 +136,13 @@ impl Dataset {
     }
 
     /// How many samples have been skipped so far.
+    /// A lookup of one of its samples, served by `tier` with `bytes` read there.
+    pub fn record_lookup(&self, tier: crate::metrics::Tier, bytes: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.lookups[tier as usize].fetch_add(1, Relaxed);
+        self.read_bytes[tier as usize].fetch_add(bytes, Relaxed);
+    }
+
     pub fn bad_count(&self) -> u64 {
         self.bad.lock().unwrap_or_else(|e| e.into_inner()).len() as u64
     }

@@ -229,6 +229,23 @@ pub fn format_stats(s: &crate::proto::Stats) -> String {
         "shared memory: {} rings, {} of {} bytes; {} batches in slots, {} sent in messages for want of a free slot",
         s.shm_rings, s.shm_bytes, s.shm_budget_bytes, s.shm_batches, s.shm_fallbacks
     );
+    for d in &s.datasets {
+        let n = |tier: &str| {
+            d.tiers
+                .iter()
+                .find(|t| t.tier == tier)
+                .map_or(0, |t| t.hits)
+        };
+        let _ = writeln!(
+            out,
+            "dataset {}: lookups memory {}, scratch {}, raw {}; {} bad samples",
+            d.dataset,
+            n("memory"),
+            n("scratch"),
+            n("raw"),
+            d.bad_samples
+        );
+    }
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let _ = writeln!(
         out,

@@ -75,6 +75,29 @@ fn record(s: &Stats, streams: &[StreamInfo]) {
         counter!("larder_lookups_total", "tier" => t.tier.clone()).absolute(t.hits);
         counter!("larder_tier_read_bytes_total", "tier" => t.tier.clone()).absolute(t.bytes);
     }
+    describe_counter!(
+        "larder_dataset_lookups_total",
+        "Sample lookups of each dataset, by the tier that served them (since the dataset opened)."
+    );
+    describe_counter!(
+        "larder_dataset_read_bytes_total",
+        Unit::Bytes,
+        "Bytes read from each tier for each dataset's lookups (since the dataset opened)."
+    );
+    describe_gauge!(
+        "larder_dataset_bad_samples",
+        Unit::Count,
+        "Samples of each dataset skipped because their files do not read or decode."
+    );
+    for d in &s.datasets {
+        for t in &d.tiers {
+            let labels = [("dataset", d.dataset.clone()), ("tier", t.tier.clone())];
+            counter!("larder_dataset_lookups_total", &labels).absolute(t.hits);
+            counter!("larder_dataset_read_bytes_total", &labels).absolute(t.bytes);
+        }
+        gauge!("larder_dataset_bad_samples", "dataset" => d.dataset.clone())
+            .set(d.bad_samples as f64);
+    }
     let c = |name: &'static str, help: &'static str, v: u64| {
         describe_counter!(name, help);
         counter!(name).absolute(v);
@@ -137,6 +160,12 @@ fn record(s: &Stats, streams: &[StreamInfo]) {
         Unit::Bytes,
         "The memory tier's limit now: its budget less the rings and the streams' futures, lower while the machine is short.",
         s.memory_budget_bytes as f64,
+    );
+    g(
+        "larder_memory_budget_bytes",
+        Unit::Bytes,
+        "The memory budget the admin set, which the tier, the rings and the streams' futures share.",
+        s.memory_configured_budget_bytes as f64,
     );
     g(
         "larder_memory_entries",

@@ -68,6 +68,10 @@ fn larderd_serves_the_cli_over_a_unix_socket_and_stops_on_sigterm() {
     );
     let stats = larder(&addr, &["stats"]);
     assert!(stats.contains("scratch tier: "), "{stats}");
+    assert!(
+        stats.contains("dataset train: lookups memory 0, scratch 0, raw 0; 0 bad samples"),
+        "warming is no lookup: {stats}"
+    );
     let bench = larder(
         &addr,
         &["bench", "train", "--epochs", "2", "--batch-size", "16"],

@@ -188,6 +188,27 @@ impl Service {
                 + allocator_free
                 + crate::alloc::UNACCOUNTED_ALLOWANCE,
             pool_busy: self.store.pool_busy(crate::insight::WINDOW),
+            memory_configured_budget_bytes: mem.budget,
+            datasets: self
+                .catalog
+                .all()
+                .iter()
+                .map(|d| {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    crate::proto::DatasetStats {
+                        dataset: d.name.clone(),
+                        tiers: crate::metrics::Tier::ALL
+                            .iter()
+                            .map(|&t| crate::proto::TierStats {
+                                tier: t.name().to_string(),
+                                hits: d.lookups[t as usize].load(Relaxed),
+                                bytes: d.read_bytes[t as usize].load(Relaxed),
+                            })
+                            .collect(),
+                        bad_samples: d.bad_count(),
+                    }
+                })
+                .collect(),
             pool_threads: self.store.pool_threads() as u32,
             ..self.store.metrics.to_proto()
         }

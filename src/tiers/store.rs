@@ -186,6 +186,7 @@ impl Store {
         let key = (ds.id, index);
         if let Some(data) = self.memory.get(&key) {
             self.metrics.record_hit(Tier::Memory, data.len() as u64);
+            ds.record_lookup(Tier::Memory, data.len() as u64);
             self.traced(key, Outcome::Hit);
             return Ok(Some((data, Tier::Memory)));
         }
@@ -205,6 +206,7 @@ impl Store {
                     // the memory tier before leaving `inflight`: look again.
                     if let Some(data) = self.memory.peek(&key) {
                         self.metrics.record_hit(Tier::Memory, data.len() as u64);
+                        ds.record_lookup(Tier::Memory, data.len() as u64);
                         self.traced(key, Outcome::Hit);
                         return Ok(Some((data, Tier::Memory)));
                     }
@@ -239,6 +241,7 @@ impl Store {
         let result = match self.load(&ds, index).await {
             Ok(Ok((data, tier, bytes_read))) => {
                 self.metrics.record_hit(tier, bytes_read);
+                ds.record_lookup(tier, bytes_read);
                 self.memory
                     .insert(key, data.clone(), ds.source.disk_bytes_of(index));
                 Ok(Some((data, tier)))

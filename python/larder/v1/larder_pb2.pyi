@@ -86,6 +86,16 @@ class DatasetInfo(_message.Message):
     source: str
     def __init__(self, name: _Optional[str] = ..., num_samples: _Optional[int] = ..., sample_shape: _Optional[_Iterable[int]] = ..., has_labels: bool = ..., source: _Optional[str] = ..., sample_bytes: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[FieldInfo, _Mapping]]] = ..., has_train_pipeline: bool = ..., bad_samples: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
 
+class DatasetStats(_message.Message):
+    __slots__ = ["bad_samples", "dataset", "tiers"]
+    BAD_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    bad_samples: int
+    dataset: str
+    tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
+    def __init__(self, dataset: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., bad_samples: _Optional[int] = ...) -> None: ...
+
 class FieldBatch(_message.Message):
     __slots__ = ["data", "dtype", "lengths", "name", "offsets", "sample_shape", "shape", "slot_bytes", "slot_offset"]
     DATA_FIELD_NUMBER: _ClassVar[int]
@@ -195,7 +205,7 @@ class ReportInputRequest(_message.Message):
     def __init__(self, stream_id: _Optional[int] = ..., job: _Optional[str] = ..., batches: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., step_seconds: _Optional[float] = ..., window_wait_seconds: _Optional[float] = ..., window_step_seconds: _Optional[float] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ["accounted_bytes", "active_streams", "admissions_declined", "allocator_free_bytes", "anonymous_bytes", "anonymous_ceiling_bytes", "bad_samples", "batch_wait_bounds", "batch_wait_counts", "batch_wait_sum_seconds", "batches_served", "bytes_served", "client_stall_seconds", "coalesced_fetches", "hit_rate", "machine_available_bytes", "measured_expansion_factor", "memory_budget_bytes", "memory_bytes", "memory_entries", "memory_policy", "memory_policy_bytes", "memory_policy_seconds", "message_buffer_in_flight_bytes", "message_buffer_spare_bytes", "planned_expansion_factor", "pool_busy", "pool_threads", "resident_bytes", "samples_served", "scratch_budget_bytes", "scratch_bytes", "scratch_corrupt_records", "scratch_paused", "shared_bytes", "shm_batches", "shm_budget_bytes", "shm_bytes", "shm_fallbacks", "shm_rings", "tiers", "uptime_seconds"]
+    __slots__ = ["accounted_bytes", "active_streams", "admissions_declined", "allocator_free_bytes", "anonymous_bytes", "anonymous_ceiling_bytes", "bad_samples", "batch_wait_bounds", "batch_wait_counts", "batch_wait_sum_seconds", "batches_served", "bytes_served", "client_stall_seconds", "coalesced_fetches", "datasets", "hit_rate", "machine_available_bytes", "measured_expansion_factor", "memory_budget_bytes", "memory_bytes", "memory_configured_budget_bytes", "memory_entries", "memory_policy", "memory_policy_bytes", "memory_policy_seconds", "message_buffer_in_flight_bytes", "message_buffer_spare_bytes", "planned_expansion_factor", "pool_busy", "pool_threads", "resident_bytes", "samples_served", "scratch_budget_bytes", "scratch_bytes", "scratch_corrupt_records", "scratch_paused", "shared_bytes", "shm_batches", "shm_budget_bytes", "shm_bytes", "shm_fallbacks", "shm_rings", "tiers", "uptime_seconds"]
     ACCOUNTED_BYTES_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_STREAMS_FIELD_NUMBER: _ClassVar[int]
     ADMISSIONS_DECLINED_FIELD_NUMBER: _ClassVar[int]
@@ -210,11 +220,13 @@ class Stats(_message.Message):
     BYTES_SERVED_FIELD_NUMBER: _ClassVar[int]
     CLIENT_STALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     COALESCED_FETCHES_FIELD_NUMBER: _ClassVar[int]
+    DATASETS_FIELD_NUMBER: _ClassVar[int]
     HIT_RATE_FIELD_NUMBER: _ClassVar[int]
     MACHINE_AVAILABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEASURED_EXPANSION_FACTOR_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_CONFIGURED_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_POLICY_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEMORY_POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -252,11 +264,13 @@ class Stats(_message.Message):
     bytes_served: int
     client_stall_seconds: float
     coalesced_fetches: int
+    datasets: _containers.RepeatedCompositeFieldContainer[DatasetStats]
     hit_rate: float
     machine_available_bytes: int
     measured_expansion_factor: float
     memory_budget_bytes: int
     memory_bytes: int
+    memory_configured_budget_bytes: int
     memory_entries: int
     memory_policy: str
     memory_policy_bytes: int
@@ -280,7 +294,7 @@ class Stats(_message.Message):
     shm_rings: int
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     uptime_seconds: float
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., memory_entries: _Optional[int] = ..., hit_rate: _Optional[float] = ..., client_stall_seconds: _Optional[float] = ..., batches_served: _Optional[int] = ..., samples_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., active_streams: _Optional[int] = ..., coalesced_fetches: _Optional[int] = ..., admissions_declined: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., machine_available_bytes: _Optional[int] = ..., measured_expansion_factor: _Optional[float] = ..., scratch_bytes: _Optional[int] = ..., scratch_budget_bytes: _Optional[int] = ..., scratch_corrupt_records: _Optional[int] = ..., scratch_paused: _Optional[str] = ..., planned_expansion_factor: _Optional[float] = ..., shm_rings: _Optional[int] = ..., shm_bytes: _Optional[int] = ..., shm_budget_bytes: _Optional[int] = ..., shm_batches: _Optional[int] = ..., shm_fallbacks: _Optional[int] = ..., bad_samples: _Optional[int] = ..., message_buffer_spare_bytes: _Optional[int] = ..., message_buffer_in_flight_bytes: _Optional[int] = ..., accounted_bytes: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., anonymous_bytes: _Optional[int] = ..., shared_bytes: _Optional[int] = ..., anonymous_ceiling_bytes: _Optional[int] = ..., allocator_free_bytes: _Optional[int] = ..., memory_policy: _Optional[str] = ..., memory_policy_bytes: _Optional[int] = ..., memory_policy_seconds: _Optional[float] = ..., batch_wait_bounds: _Optional[_Iterable[float]] = ..., batch_wait_counts: _Optional[_Iterable[int]] = ..., batch_wait_sum_seconds: _Optional[float] = ..., pool_busy: _Optional[float] = ..., pool_threads: _Optional[int] = ...) -> None: ...
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., memory_entries: _Optional[int] = ..., hit_rate: _Optional[float] = ..., client_stall_seconds: _Optional[float] = ..., batches_served: _Optional[int] = ..., samples_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., active_streams: _Optional[int] = ..., coalesced_fetches: _Optional[int] = ..., admissions_declined: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., machine_available_bytes: _Optional[int] = ..., measured_expansion_factor: _Optional[float] = ..., scratch_bytes: _Optional[int] = ..., scratch_budget_bytes: _Optional[int] = ..., scratch_corrupt_records: _Optional[int] = ..., scratch_paused: _Optional[str] = ..., planned_expansion_factor: _Optional[float] = ..., shm_rings: _Optional[int] = ..., shm_bytes: _Optional[int] = ..., shm_budget_bytes: _Optional[int] = ..., shm_batches: _Optional[int] = ..., shm_fallbacks: _Optional[int] = ..., bad_samples: _Optional[int] = ..., message_buffer_spare_bytes: _Optional[int] = ..., message_buffer_in_flight_bytes: _Optional[int] = ..., accounted_bytes: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., anonymous_bytes: _Optional[int] = ..., shared_bytes: _Optional[int] = ..., anonymous_ceiling_bytes: _Optional[int] = ..., allocator_free_bytes: _Optional[int] = ..., memory_policy: _Optional[str] = ..., memory_policy_bytes: _Optional[int] = ..., memory_policy_seconds: _Optional[float] = ..., batch_wait_bounds: _Optional[_Iterable[float]] = ..., batch_wait_counts: _Optional[_Iterable[int]] = ..., batch_wait_sum_seconds: _Optional[float] = ..., pool_busy: _Optional[float] = ..., pool_threads: _Optional[int] = ..., datasets: _Optional[_Iterable[_Union[DatasetStats, _Mapping]]] = ..., memory_configured_budget_bytes: _Optional[int] = ...) -> None: ...
 
 class StreamBatchesRequest(_message.Message):
     __slots__ = ["batch_size", "dataset", "drop_last", "epoch", "even_batches", "fields", "held_slots", "layout_version", "num_workers", "pipeline", "rank", "seed", "sequential", "shm_ring", "start_batch", "start_sample", "start_step", "variable_layout", "worker", "world_size"]
