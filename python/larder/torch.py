@@ -485,6 +485,7 @@ class LarderIterableDataset(IterableDataset):
         schedules and the last batch by). Asked of the daemon, which holds the sharding rule,
         once per (rank, world size): the whole epoch of every worker together is no one
         stream's plan, so each iteration's stream still asks its own, once (Client.stream)."""
+        _note_distributed_sampler(sys._getframe(1))
         rank, world, _ = self._ranks()  # under Accelerate, process 0's: it divides the length
         key = (rank, world)
         if self._len_cache is None or self._len_cache[0] != key:
@@ -517,6 +518,28 @@ class LarderIterableDataset(IterableDataset):
 # A DataLoader in the shape scripts use: `larder.torch.loader(ds, ...)`.
 
 _LOG = None
+
+
+_SAMPLER_NOTED = False
+
+
+def _note_distributed_sampler(caller) -> None:
+    """Says once what to do when a `DistributedSampler` is built over a larder dataset (it asks
+    the dataset's len() as it is made): the daemon shards by rank itself, so the sampler is
+    only of use to `larder.torch.loader`, which follows its `set_epoch` and leaves its order
+    aside; a plain DataLoader refuses a sampler for an iterable dataset."""
+    global _SAMPLER_NOTED
+    if _SAMPLER_NOTED or caller.f_code.co_name != "__init__":
+        return
+    owner = caller.f_locals.get("self")
+    if owner is None or not any(c.__name__ == "DistributedSampler" for c in type(owner).__mro__):
+        return
+    _SAMPLER_NOTED = True
+    _log().warning(
+        "DistributedSampler over a larder dataset: larderd shards the epoch by rank itself. Hand the sampler "
+        "to larder.torch.loader(ds, sampler=...), which follows its set_epoch() and leaves its order aside, "
+        "or drop it; torch.utils.data.DataLoader refuses any sampler for a larder dataset "
+        "(\"expected unspecified sampler option\").")
 
 
 def _log():

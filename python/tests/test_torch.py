@@ -305,6 +305,22 @@ def test_loader_takes_a_scripts_dataloader_arguments_and_answers_like_a_sampler(
     own.set_epoch(5)
     assert own.epoch == 5 and followed.epoch == 5
 
+    # A DistributedSampler built over a larder dataset says what to do, once; the loader takes
+    # it, and a plain DataLoader still refuses it (PyTorch's own check).
+    from torch.utils.data.distributed import DistributedSampler
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="larder"):
+        dist_sampler = DistributedSampler(ds, num_replicas=2, rank=1)
+        DistributedSampler(ds, num_replicas=2, rank=0)
+    said = [r.getMessage() for r in caplog.records if "DistributedSampler" in r.getMessage()]
+    assert len(said) == 1 and "larder.torch.loader" in said[0], said
+    lt.loader(ds, sampler=dist_sampler)
+    dist_sampler.set_epoch(6)
+    assert ds.epoch == 6
+    with pytest.raises(ValueError, match="sampler"):
+        DataLoader(ds, sampler=dist_sampler)
+
 
 def test_batches_come_normalized_in_the_dtype_and_layout_asked(daemon):
     mean, std = (0.5, 0.25), (0.5, 0.125)
