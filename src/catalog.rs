@@ -135,7 +135,6 @@ impl Dataset {
             .contains_key(&index)
     }
 
-    /// How many samples have been skipped so far.
     /// A lookup of one of its samples, served by `tier` with `bytes` read there.
     pub fn record_lookup(&self, tier: crate::metrics::Tier, bytes: u64) {
         use std::sync::atomic::Ordering::Relaxed;
@@ -143,6 +142,7 @@ impl Dataset {
         self.read_bytes[tier as usize].fetch_add(bytes, Relaxed);
     }
 
+    /// How many samples have been skipped so far.
     pub fn bad_count(&self) -> u64 {
         self.bad.lock().unwrap_or_else(|e| e.into_inner()).len() as u64
     }

@@ -81,7 +81,10 @@ impl<const N: usize> Recent<N> {
                 }
             }
         }
-        let span = now.min(Duration::from_secs(seconds));
+        // The whole seconds before this one, and this one so far.
+        let span = now.min(
+            Duration::from_secs(seconds - 1) + Duration::from_nanos(now.subsec_nanos().into()),
+        );
         (out, span)
     }
 }
@@ -177,7 +180,15 @@ pub fn judge(
 /// (the batches are ready in memory and still late: the daemon or the transport is short of
 /// CPU).
 pub fn cause(dataset: &str, mix: TierMix, pool_busy: f64) -> (&'static str, String) {
-    let total = mix.iter().sum::<u64>().max(1) as f64;
+    if mix.iter().sum::<u64>() == 0 {
+        return (
+            "stalled",
+            format!(
+                "no batch of {dataset:?} was assembled for this stream in the last 10 s: its reads are very slow or stuck (see the daemon's log, `larder bad`, the disk)"
+            ),
+        );
+    }
+    let total = mix.iter().sum::<u64>() as f64;
     let (scratch, raw) = (mix[1] as f64 / total, mix[2] as f64 / total);
     if raw >= LOWER_TIER_SHARE && pool_busy >= POOL_SATURATED {
         (
@@ -260,6 +271,11 @@ mod tests {
             cause("d", [90, 0, 10], 0.95).0,
             "delivery",
             "10% raw is not the cause"
+        );
+        assert_eq!(
+            cause("d", [0, 0, 0], 0.0).0,
+            "stalled",
+            "nothing assembled in the window"
         );
     }
 

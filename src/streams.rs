@@ -210,9 +210,10 @@ impl Streams {
         report: ClientReport,
     ) -> Result<StreamSnapshot, Error> {
         let state = self.lock().get(&id).cloned();
+        // Over TCP nobody is known, so nobody may report (a TCP client could name any TCP
+        // stream's id).
         let same = |p: Option<Peer>| match (p, peer) {
-            (Some(a), Some(b)) => a.uid == b.uid && a.pid == b.pid,
-            (None, None) => true,
+            (Some(a), Some(b)) => a.uid == b.uid && a.pid.is_some() && a.pid == b.pid,
             _ => false,
         };
         let Some(state) = state.filter(|s| same(s.spec.peer)) else {
@@ -222,10 +223,19 @@ impl Streams {
                 format!("no open stream {id} of this process"),
             ));
         };
-        // A name for humans: printable, at most 64 characters.
-        let job: String = job.chars().filter(|c| !c.is_control()).take(64).collect();
+        // A name for humans: printable (no control characters, no bidirectional or invisible
+        // formatting that would rearrange a terminal's line), at most 64 characters.
+        let job: String = job
+            .chars()
+            .filter(|&c| !c.is_control() && !invisible(c))
+            .take(64)
+            .collect();
         let mut line = state.line();
-        line.job = job;
+        // The first name stays: a name that changed at every report would make a new series
+        // in Prometheus each time.
+        if line.job.is_empty() {
+            line.job = job;
+        }
         line.report = Some((report, Instant::now()));
         drop(line);
         Ok(state.snapshot())
@@ -253,6 +263,18 @@ impl Streams {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+/// Unicode's formatting characters that reorder or hide text (bidirectional controls,
+/// zero-width marks, the byte-order mark).
+fn invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{206f}' | '\u{feff}'
+    )
+}
+
+/// At most this many lines are kept for streams that closed (the oldest go first).
+const MAX_LINES: usize = 4096;
 
 /// The line a stream of `spec` continues (none over TCP: no process to follow).
 fn line_key(spec: &StreamSpec) -> Option<LineKey> {
@@ -385,6 +407,15 @@ impl Drop for StreamHandle {
             let mut line = self.state.line().clone();
             line.closed = Some(Instant::now());
             let mut lines = streams.lines.lock().unwrap_or_else(|e| e.into_inner());
+            if lines.len() >= MAX_LINES {
+                lines.retain(|_, l| l.closed.is_some_and(|t| t.elapsed() < RUN_MEMORY));
+                if lines.len() >= MAX_LINES {
+                    let oldest = lines.iter().min_by_key(|(_, l)| l.closed).map(|(k, _)| *k);
+                    if let Some(k) = oldest {
+                        lines.remove(&k);
+                    }
+                }
+            }
             lines.insert(key, line);
         }
         if let Some(p) = s.spec.peer {
@@ -502,9 +533,11 @@ mod tests {
         assert!(streams.report(id + 1, Some(me), "job", report).is_err());
         assert_eq!(streams.snapshot()[0].job, "");
         let s = streams
-            .report(id, Some(me), "job\u{1b}[2J", report)
+            .report(id, Some(me), "job\u{1b}[2J\u{202e}", report)
             .unwrap();
         assert_eq!(s.job, "job[2J", "no control characters reach a terminal");
+        let s = streams.report(id, Some(me), "renamed", report).unwrap();
+        assert_eq!(s.job, "job[2J", "the first name stays");
         a.cursor().fetched([1, 2, 3]);
         drop(a);
         // The next epoch of the same process, dataset and rank goes on from there.

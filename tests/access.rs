@@ -178,6 +178,18 @@ fn each_user_reads_through_larder_only_what_they_could_read_themselves() {
     let b = listed(bob);
     assert!(b.contains("public") && b.contains("granted"), "{b}");
     assert!(!b.contains("secret") && !b.contains("alice-own"), "{b}");
+    // `larder stats` per dataset: the same rule (root sees every dataset).
+    let stats = |uid| text(&larder_as(uid, &socket, &["stats"]));
+    let a = stats(alice);
+    assert!(
+        a.contains("dataset public:") && a.contains("dataset alice-own:"),
+        "{a}"
+    );
+    assert!(
+        !a.contains("dataset secret:") && !a.contains("dataset granted:"),
+        "{a}"
+    );
+    assert!(stats(0).contains("dataset secret:"));
 
     // Streams, warms and bad-sample lists: allowed ones work, the others are denied by name.
     let stream = |uid, name: &str| larder_as(uid, &socket, &["bench", name, "--epochs", "1"]);

@@ -91,7 +91,7 @@ def validate(loader, model, device, distributed: bool) -> tuple:
             top5.update(100.0 * correct_at(output, target, 5).float().mean().item(), images.size(0))
     if distributed:
         for m in (top1, top5):
-            t = torch.tensor([m.sum, m.count], dtype=torch.float64)
+            t = torch.tensor([m.sum, m.count], dtype=torch.float64, device=device)
             dist.all_reduce(t)
             m.sum, m.count = t[0].item(), int(t[1].item())
         # main.py evaluates here, on every rank, the tail its DistributedSampler(drop_last=True)

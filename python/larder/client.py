@@ -297,7 +297,7 @@ class Client:
         streamed if None): see `InputStats`. Measured in the process that iterates the stream;
         with DataLoader workers that is a worker, not the training loop (use
         `larder.torch.loader`, which starts none)."""
-        meters = [m for k, m in self._meters.items() if dataset is None or k[0] == dataset]
+        meters = [m for k, m in list(self._meters.items()) if dataset is None or k[0] == dataset]
         if not meters:
             return InputStats.empty(self.job, dataset or "")
         return max(meters, key=lambda m: m.last_used).stats()
@@ -783,7 +783,10 @@ class _Meter:
         self.window_wait = self.window_step = 0.0
         self.stream_id = 0
         self.reported = 0.0
-        self.report_failed = False
+        # Reports go only over the Unix socket (over TCP the daemon knows no one, and refuses
+        # them); after a failed one, none for a while.
+        self.report_failed = _unix_path(client.address) is None
+        self.quiet_until = 0.0
         self.answer: Optional["pb.StreamInfo"] = None
         self.bound_since: Optional[float] = None
         self.advised = False
@@ -808,7 +811,8 @@ class _Meter:
             fresh = batch.stream_id != self.stream_id
             if batch.stream_id:
                 self.stream_id = batch.stream_id
-            due = (fresh or now - self.reported >= REPORT_EVERY) and self.stream_id and not self.report_failed
+            due = ((fresh or now - self.reported >= REPORT_EVERY) and self.stream_id and not self.report_failed
+                   and now >= self.quiet_until)
             if due:
                 self.reported = now
         if due:
@@ -822,12 +826,15 @@ class _Meter:
                 wait_seconds=self.wait, step_seconds=self.step,
                 window_wait_seconds=max(self.window_wait, 0.0), window_step_seconds=max(self.window_step, 0.0))
         # A unary call on the loop's thread, about once a second (a fraction of a millisecond
-        # over the Unix socket): nothing left in flight when the process exits.
+        # over the Unix socket): nothing left in flight when the process exits. A daemon too busy
+        # to answer within 0.2 s is left alone for 10 s.
         try:
-            self.answer = self.client._stub.ReportInput(request, timeout=1)
+            self.answer = self.client._stub.ReportInput(request, timeout=0.2)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                 self.report_failed = True  # a daemon older than ReportInput
+            elif e.code() != grpc.StatusCode.NOT_FOUND:  # (a stream that just ended)
+                self.quiet_until = time.monotonic() + 10.0
         except ValueError:  # the channel is closed
             pass
 

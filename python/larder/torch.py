@@ -415,6 +415,7 @@ class LarderIterableDataset(IterableDataset):
         rank, world, serves = self._ranks()
         if not serves:
             return
+        _note_uneven(self, world)
         restored, self._restored = self._restored, None
         if restored is not None:
             epoch, start_sample, start_step = restored["epoch"], restored["base_sample"], restored["base_step"]
@@ -521,6 +522,23 @@ _LOG = None
 
 
 _SAMPLER_NOTED = False
+_UNEVEN_NOTED = False
+
+
+def _note_uneven(ds: "LarderIterableDataset", world: int) -> None:
+    """Says once, under DDP, that a dataset serving every sample exactly once
+    (`even_batches=False`, the default of `ImageFolder(train=False)`) may give the ranks one
+    batch more or less: right for a loop that all-reduces at the end, a hang for one that syncs
+    every batch."""
+    global _UNEVEN_NOTED
+    if _UNEVEN_NOTED or world <= 1 or ds.even_batches or ds.drop_last or ds.valid:
+        return
+    _UNEVEN_NOTED = True
+    _log().warning(
+        "larder dataset %s: every sample exactly once over %d ranks (even_batches=False), so ranks may get one "
+        "batch more or less. A loop that all-reduces only at the end (pytorch/examples) is exact; one that "
+        "syncs every batch (timm's validate, Accelerate's gather_for_metrics, torchmetrics' dist_sync_on_step) "
+        "needs valid=True: equal batch counts, the padding marked.", ds.dataset, world)
 
 
 def _note_distributed_sampler(caller) -> None:

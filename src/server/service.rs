@@ -588,8 +588,32 @@ impl Larder for Service {
         Ok(Response::new(self.stream_info(&s, pool_busy)))
     }
 
-    async fn get_stats(&self, _: Request<GetStatsRequest>) -> Result<Response<Stats>, Status> {
-        Ok(Response::new(self.stats()))
+    async fn get_stats(
+        &self,
+        request: Request<GetStatsRequest>,
+    ) -> Result<Response<Stats>, Status> {
+        let who = Caller::of(&request);
+        let mut stats = self.stats();
+        // Per dataset only what the caller may read (as `ListDatasets` shows them); the
+        // daemon-wide totals for everyone.
+        if !who.is_admin() {
+            let mut shown = Vec::with_capacity(stats.datasets.len());
+            for d in std::mem::take(&mut stats.datasets) {
+                let Some(ds) = self.catalog.get(&d.dataset) else {
+                    continue;
+                };
+                let root = ds.source.root();
+                let fresh = self.proofs.fresh(&who, ds.id, root);
+                if fresh || admit(&ds, &who).await.is_ok() {
+                    if !fresh {
+                        self.proofs.record(&who, ds.id, root);
+                    }
+                    shown.push(d);
+                }
+            }
+            stats.datasets = shown;
+        }
+        Ok(Response::new(stats))
     }
 
     type WarmStream = Pin<Box<dyn Stream<Item = Result<WarmProgress, Status>> + Send>>;
