@@ -39,8 +39,7 @@ pub struct Dataset {
     bad: Mutex<BTreeMap<u64, String>>,
     /// Its lookups and the bytes read for them, by the tier that served them (memory, scratch,
     /// raw), since it was opened.
-    pub lookups: [std::sync::atomic::AtomicU64; 3],
-    pub read_bytes: [std::sync::atomic::AtomicU64; 3],
+    pub lookups: crate::metrics::TierCounters,
 }
 
 /// A stream's choice of pipeline.
@@ -76,7 +75,6 @@ impl Dataset {
             owner: None,
             bad: Mutex::new(BTreeMap::new()),
             lookups: Default::default(),
-            read_bytes: Default::default(),
         }
     }
 
@@ -133,13 +131,6 @@ impl Dataset {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .contains_key(&index)
-    }
-
-    /// A lookup of one of its samples, served by `tier` with `bytes` read there.
-    pub fn record_lookup(&self, tier: crate::metrics::Tier, bytes: u64) {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.lookups[tier as usize].fetch_add(1, Relaxed);
-        self.read_bytes[tier as usize].fetch_add(bytes, Relaxed);
     }
 
     /// How many samples have been skipped so far.

@@ -23,10 +23,40 @@ impl Tier {
     }
 }
 
-pub struct Metrics {
-    started: Instant,
+/// Lookups and the bytes read for them, by the tier that served them: the daemon's, and each
+/// dataset's.
+#[derive(Debug, Default)]
+pub struct TierCounters {
     hits: [AtomicU64; 3],
     bytes: [AtomicU64; 3],
+}
+
+impl TierCounters {
+    pub fn record(&self, tier: Tier, bytes: u64) {
+        self.hits[tier as usize].fetch_add(1, Relaxed);
+        self.bytes[tier as usize].fetch_add(bytes, Relaxed);
+    }
+
+    pub fn hits(&self, tier: Tier) -> u64 {
+        self.hits[tier as usize].load(Relaxed)
+    }
+
+    /// One entry per tier, as `Stats` carries them.
+    pub fn to_proto(&self) -> Vec<crate::proto::TierStats> {
+        Tier::ALL
+            .iter()
+            .map(|&t| crate::proto::TierStats {
+                tier: t.name().to_string(),
+                hits: self.hits(t),
+                bytes: self.bytes[t as usize].load(Relaxed),
+            })
+            .collect()
+    }
+}
+
+pub struct Metrics {
+    started: Instant,
+    lookups: TierCounters,
     coalesced: AtomicU64,
     stall_nanos: AtomicU64,
     batches: AtomicU64,
@@ -52,8 +82,7 @@ impl Default for Metrics {
     fn default() -> Self {
         Metrics {
             started: Instant::now(),
-            hits: Default::default(),
-            bytes: Default::default(),
+            lookups: TierCounters::default(),
             coalesced: AtomicU64::new(0),
             stall_nanos: AtomicU64::new(0),
             batches: AtomicU64::new(0),
@@ -71,8 +100,7 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn record_hit(&self, tier: Tier, bytes: u64) {
-        self.hits[tier as usize].fetch_add(1, Relaxed);
-        self.bytes[tier as usize].fetch_add(bytes, Relaxed);
+        self.lookups.record(tier, bytes);
     }
 
     pub fn record_coalesced(&self) {
@@ -123,19 +151,12 @@ impl Metrics {
     }
 
     pub fn hits(&self, tier: Tier) -> u64 {
-        self.hits[tier as usize].load(Relaxed)
+        self.lookups.hits(tier)
     }
 
     /// Counters as the Stats message (memory-tier fields are filled by the caller).
     pub fn to_proto(&self) -> crate::proto::Stats {
-        let tiers = Tier::ALL
-            .iter()
-            .map(|&t| crate::proto::TierStats {
-                tier: t.name().to_string(),
-                hits: self.hits(t),
-                bytes: self.bytes[t as usize].load(Relaxed),
-            })
-            .collect();
+        let tiers = self.lookups.to_proto();
         let lookups: u64 = Tier::ALL.iter().map(|&t| self.hits(t)).sum();
         let hit_rate = if lookups == 0 {
             0.0

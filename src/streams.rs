@@ -244,7 +244,7 @@ impl Streams {
     /// The line `key` left by a stream that closed within the last minute.
     fn take_line(&self, key: Option<LineKey>) -> Option<Line> {
         let mut lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
-        lines.retain(|_, l| l.closed.is_some_and(|t| t.elapsed() < RUN_MEMORY));
+        forget_old(&mut lines);
         lines.remove(&key?)
     }
 
@@ -275,6 +275,11 @@ fn invisible(c: char) -> bool {
 
 /// At most this many lines are kept for streams that closed (the oldest go first).
 const MAX_LINES: usize = 4096;
+
+/// Drops the lines whose last stream closed more than `RUN_MEMORY` ago.
+fn forget_old(lines: &mut std::collections::HashMap<LineKey, Line>) {
+    lines.retain(|_, l| l.closed.is_some_and(|t| t.elapsed() < RUN_MEMORY));
+}
 
 /// The line a stream of `spec` continues (none over TCP: no process to follow).
 fn line_key(spec: &StreamSpec) -> Option<LineKey> {
@@ -408,7 +413,7 @@ impl Drop for StreamHandle {
             line.closed = Some(Instant::now());
             let mut lines = streams.lines.lock().unwrap_or_else(|e| e.into_inner());
             if lines.len() >= MAX_LINES {
-                lines.retain(|_, l| l.closed.is_some_and(|t| t.elapsed() < RUN_MEMORY));
+                forget_old(&mut lines);
                 if lines.len() >= MAX_LINES {
                     let oldest = lines.iter().min_by_key(|(_, l)| l.closed).map(|(k, _)| *k);
                     if let Some(k) = oldest {

@@ -145,6 +145,20 @@ impl Service {
         response
     }
 
+    /// Whether `who` may read `ds`, as listings show it: a recent proof, else a check made now
+    /// (which is recorded; a proof is renewed only by a check made now, never by its reuse).
+    async fn may_read(&self, ds: &Arc<Dataset>, who: &Caller) -> bool {
+        let root = ds.source.root();
+        if self.proofs.fresh(who, ds.id, root) {
+            return true;
+        }
+        let ok = admit(ds, who).await.is_ok();
+        if ok {
+            self.proofs.record(who, ds.id, root);
+        }
+        ok
+    }
+
     /// The daemon's counters and its memory in one account, as of now (what GetStats answers
     /// and what the exporter reads).
     pub fn stats(&self) -> Stats {
@@ -193,20 +207,10 @@ impl Service {
                 .catalog
                 .all()
                 .iter()
-                .map(|d| {
-                    use std::sync::atomic::Ordering::Relaxed;
-                    crate::proto::DatasetStats {
-                        dataset: d.name.clone(),
-                        tiers: crate::metrics::Tier::ALL
-                            .iter()
-                            .map(|&t| crate::proto::TierStats {
-                                tier: t.name().to_string(),
-                                hits: d.lookups[t as usize].load(Relaxed),
-                                bytes: d.read_bytes[t as usize].load(Relaxed),
-                            })
-                            .collect(),
-                        bad_samples: d.bad_count(),
-                    }
+                .map(|d| crate::proto::DatasetStats {
+                    dataset: d.name.clone(),
+                    tiers: d.lookups.to_proto(),
+                    bad_samples: d.bad_count(),
                 })
                 .collect(),
             pool_threads: self.store.pool_threads() as u32,
@@ -445,13 +449,7 @@ impl Larder for Service {
         let who = Caller::of(&request);
         let mut datasets: Vec<DatasetInfo> = vec![];
         for ds in self.catalog.all() {
-            // A proof is renewed only by a check made now, never by its own reuse.
-            let root = ds.source.root();
-            let fresh = self.proofs.fresh(&who, ds.id, root);
-            if fresh || admit(&ds, &who).await.is_ok() {
-                if !fresh {
-                    self.proofs.record(&who, ds.id, root);
-                }
+            if self.may_read(&ds, &who).await {
                 datasets.push(ds.info());
             }
         }
@@ -599,16 +597,9 @@ impl Larder for Service {
         if !who.is_admin() {
             let mut shown = Vec::with_capacity(stats.datasets.len());
             for d in std::mem::take(&mut stats.datasets) {
-                let Some(ds) = self.catalog.get(&d.dataset) else {
-                    continue;
-                };
-                let root = ds.source.root();
-                let fresh = self.proofs.fresh(&who, ds.id, root);
-                if fresh || admit(&ds, &who).await.is_ok() {
-                    if !fresh {
-                        self.proofs.record(&who, ds.id, root);
-                    }
-                    shown.push(d);
+                match self.catalog.get(&d.dataset) {
+                    Some(ds) if self.may_read(&ds, &who).await => shown.push(d),
+                    _ => {}
                 }
             }
             stats.datasets = shown;

@@ -533,12 +533,11 @@ impl Stream for MeteredStream {
                 self.waiting_since.get_or_insert_with(Instant::now);
                 Poll::Pending
             }
-            Poll::Ready(item) => {
+            Poll::Ready(mut item) => {
                 let waited = self.waiting_since.take().map(|since| since.elapsed());
                 if let Some(d) = waited {
                     self.handle.record_stall(d);
                 }
-                let mut item = item;
                 match &mut item {
                     Some(Ok(b)) => {
                         self.handle.record_batch_wait(waited.unwrap_or_default());

@@ -150,6 +150,13 @@ impl Store {
         self.lock_scratch().get(&ds.id).cloned()
     }
 
+    /// A lookup of `ds` served by `tier` with `bytes` read there: the daemon's counters and the
+    /// dataset's.
+    fn record_hit(&self, ds: &Dataset, tier: Tier, bytes: u64) {
+        self.metrics.record_hit(tier, bytes);
+        ds.lookups.record(tier, bytes);
+    }
+
     /// The preprocessing pool's busy share over the last `window`.
     pub fn pool_busy(&self, window: std::time::Duration) -> f64 {
         self.workers.busy_share(window)
@@ -185,8 +192,7 @@ impl Store {
     ) -> Result<Option<(Bytes, Tier)>> {
         let key = (ds.id, index);
         if let Some(data) = self.memory.get(&key) {
-            self.metrics.record_hit(Tier::Memory, data.len() as u64);
-            ds.record_lookup(Tier::Memory, data.len() as u64);
+            self.record_hit(ds, Tier::Memory, data.len() as u64);
             self.traced(key, Outcome::Hit);
             return Ok(Some((data, Tier::Memory)));
         }
@@ -205,8 +211,7 @@ impl Store {
                     // A fetch that finished between our miss and taking the lock has filled
                     // the memory tier before leaving `inflight`: look again.
                     if let Some(data) = self.memory.peek(&key) {
-                        self.metrics.record_hit(Tier::Memory, data.len() as u64);
-                        ds.record_lookup(Tier::Memory, data.len() as u64);
+                        self.record_hit(ds, Tier::Memory, data.len() as u64);
                         self.traced(key, Outcome::Hit);
                         return Ok(Some((data, Tier::Memory)));
                     }
@@ -240,8 +245,7 @@ impl Store {
         let key = (ds.id, index);
         let result = match self.load(&ds, index).await {
             Ok(Ok((data, tier, bytes_read))) => {
-                self.metrics.record_hit(tier, bytes_read);
-                ds.record_lookup(tier, bytes_read);
+                self.record_hit(&ds, tier, bytes_read);
                 self.memory
                     .insert(key, data.clone(), ds.source.disk_bytes_of(index));
                 Ok(Some((data, tier)))
