@@ -73,6 +73,9 @@ class H5Images(Dataset):
         return torch.from_numpy(self.images[i]), int(self.labels[i])
 
 
+# The message path's share of the daemon's memory budget (held back from the memory tier).
+MESSAGE_BYTES = 256 << 20
+
 def timed_epochs(epochs, run_epoch):
     """The median rate, samples/s, of `epochs` epochs."""
     rates = []
@@ -236,11 +239,12 @@ def main():
         config = tmp / f"{spec}.toml"
         sock = tmp / f"{spec}.sock"
         # The whole file in memory, and room for the shared-memory rings the runs open (their
-        # bytes come off the memory tier's budget): two of ten slots of a batch each.
-        rings = 2 * 10 * (BATCH * (size + 8) + 8192)
+        # bytes come off the memory tier's budget): two of ten slots of a batch each; and the
+        # message path's share (MESSAGE_BYTES), which the daemon holds back from the tier.
+        rings = 2 * 10 * (BATCH * (size + 8) + 8192) + MESSAGE_BYTES
         config.write_text(
             f'unix_socket = "{sock}"\n[scratch]\ndir = "{tmp / "scratch"}"\n[memory]\n'
-            f"budget_bytes = {int(n * (size + 200) * 1.1) + rings}\n"
+            f"budget_bytes = {int(n * (size + 200) * 1.25) + rings}\nmessage_bytes = {MESSAGE_BYTES}\n"
             f'[[dataset]]\nname = "d"\ntcp = true\npath = "{path}"\nlabels = "labels"\n'
         )
         log = open(tmp / f"{spec}.log", "wb")

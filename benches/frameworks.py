@@ -91,8 +91,10 @@ def main() -> None:
         sock, config = tmp / "d.sock", tmp / "d.toml"
         config.write_text(
             f'unix_socket = "{sock}"\n[scratch]\ndir = "{tmp / "scratch"}"\n[memory]\n'
-            # The file, and the rings the runs open (they count in the budget): two of ten slots.
-            f"budget_bytes = {int(n * (np.prod(shape) + 200) * 1.1) + 2 * 10 * (BATCH * (int(np.prod(shape)) + 8) + 8192)}\n"
+            # The file, the rings the runs open (they count in the budget): two of ten slots, and
+            # the message path's share (256 MiB).
+            f"budget_bytes = {int(n * (np.prod(shape) + 200) * 1.25) + 2 * 10 * (BATCH * (int(np.prod(shape)) + 8) + 8192) + (256 << 20)}\n"
+            f"message_bytes = {256 << 20}\n"
             f'[[dataset]]\nname = "d"\ntcp = true\npath = "{path}"\nlabels = "labels"\n'
         )
         daemon = subprocess.Popen([args.larderd, "--config", str(config)], stderr=open(tmp / "log", "wb"))

@@ -188,10 +188,11 @@ def main() -> int:
     shutil.rmtree(run, ignore_errors=True)
     run.mkdir()
     sock = run / "larder.sock"
-    budget = int(args.memory_share * args.images * (RECORD + 192)) + args.jobs * RING
+    # + the message path's share (64 MiB, set below), held back from the tier.
+    budget = int(args.memory_share * args.images * (RECORD + 192)) + args.jobs * RING + (64 << 20)
     (run / "larder.toml").write_text(
         f'unix_socket = "{sock}"\n[scratch]\ndir = "{run / "scratch"}"\n'
-        f"[memory]\nbudget_bytes = {budget}\n"
+        f"[memory]\nbudget_bytes = {budget}\nmessage_bytes = {64 << 20}\n"
         f'[[dataset]]\nname = "pics"\nkind = "images"\npath = "{folder}"\nresize = 256\ncrop = 224\n'
         "[dataset.train]\n"
     )

@@ -87,7 +87,7 @@ class Larderd:
         self.socket = self.dir / "larder.sock"
         (self.dir / "larder.toml").write_text(
             f'unix_socket = "{self.socket}"\n[scratch]\ndir = "{self.dir / "scratch"}"\n'
-            f"[memory]\nbudget_bytes = {budget}\n"
+            f"[memory]\nbudget_bytes = {budget}\nmessage_bytes = {256 << 20}\n"
             f'[[dataset]]\nname = "pics"\ntcp = true\nkind = "images"\npath = "{folder}"\nresize = 256\ncrop = 224\n'
             "[dataset.train]\n"
         )
@@ -121,7 +121,7 @@ def main():
     print(f"{args.images} JPEGs of 500x375, {disk / args.images / 1e3:.0f} kB each on average")
     # Every image preprocessed (3x256x341), and the rings the runs open, which count in the
     # budget: two of ten slots of a batch of 3x224x224.
-    budget = args.images * 300_000 + 2 * 10 * (BATCH * 3 * 224 * 224 + 8192)
+    budget = args.images * 300_000 + 2 * 10 * (BATCH * 3 * 224 * 224 + 8192) + (256 << 20)  # + the message path's share
 
     eval_tf = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.PILToTensor()])
     train_tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),

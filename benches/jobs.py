@@ -14,7 +14,9 @@ the samples; a trailing "s": every job the same seed) and each eviction policy o
   - the scratch tier off (`[scratch] enabled = false`): every memory miss is a raw read;
   - a memory budget of floor(PP% * N) entries: budget_bytes = floor(PP% * N) * the bytes one
     entry is charged (its record and 192 bytes of bookkeeping), which a probe daemon measures
-    first (one batch streamed, then GetStats memory_bytes / memory_entries);
+    first (one batch streamed, then GetStats memory_bytes / memory_entries), plus the message
+    path's share (`message_bytes`, MESSAGE_BYTES: the batches on their way to the jobs), which
+    the daemon holds back from the tier;
   - `min_available_bytes = 0`, so the tier's limit stays at its budget whatever the machine's
     free memory (the run measures the policy, not the watcher);
   - LARDER_TRACE=PATH: the daemon appends one 16-byte little-endian record per memory-tier
@@ -77,6 +79,10 @@ REPO = HERE.parent.parent
 # ---------------------------------------------------------------------------------------------
 # Belady's MIN with bypass.
 
+
+# The message path's share of the memory budget, added to each run's budget (so the tier's
+# own is the configuration's share of the samples).
+MESSAGE_BYTES = 32 << 20
 
 def next_uses(keys: np.ndarray) -> np.ndarray:
     """For each position i, the next position holding the same key, or len(keys) for none."""
@@ -324,7 +330,8 @@ def config_text(root: pathlib.Path, tag: str, h5: pathlib.Path, budget: int, pol
     text = (
         f'unix_socket = "{root / (tag + ".sock")}"\n'
         f'[scratch]\nenabled = false\ndir = "{root / "scratch"}"\n'
-        f"[memory]\nbudget_bytes = {budget}\nmin_available_bytes = 0\n"
+        f"[memory]\nbudget_bytes = {budget + MESSAGE_BYTES}\nmessage_bytes = {MESSAGE_BYTES}\n"
+        "min_available_bytes = 0\n"
     )
     if policy:
         text += f'policy = "{policy}"\n'
@@ -551,7 +558,7 @@ def pct(x: float) -> str:
 def print_table(rows, args, entry_cost) -> None:
     print()
     print(f"Memory-tier hits with concurrent jobs: {args.samples:,} samples 3x64x64 uint8 (one entry "
-          f"{entry_cost:,} bytes: record {entry_cost - ENTRY_OVERHEAD:,} + {ENTRY_OVERHEAD}), {args.epochs} "
+          f"{entry_cost:,} bytes: the record's allocation {entry_cost - ENTRY_OVERHEAD:,} + {ENTRY_OVERHEAD}), {args.epochs} "
           f"epochs per job, batch {args.batch}, shuffled, scratch tier off; Belady = MIN with bypass on "
           "the run's own lookup trace")
     print("| jobs | seeds | memory | policy | larder hits | Belady | gap (points) | "
@@ -607,7 +614,7 @@ def main() -> int:
     try:
         h5 = write_images(root / "images.h5", args.samples)
         entry_cost = probe_entry_cost(args, root, h5)
-        print(f"one memory-tier entry: {entry_cost:,} bytes (record {entry_cost - ENTRY_OVERHEAD:,} + "
+        print(f"one memory-tier entry: {entry_cost:,} bytes (the record's allocation {entry_cost - ENTRY_OVERHEAD:,} + "
               f"{ENTRY_OVERHEAD} bookkeeping); {args.samples:,} samples; data, configs, traces and logs in {root}",
               flush=True)
         rows = []

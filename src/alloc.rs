@@ -21,17 +21,43 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// 0.74x (a page fault per 4 KiB of every encoded batch again), 200-250 ms 0.98-0.99x, 1 s
 /// 1.06x; against 250 ms, 100 ms is as fast (1.09x, rounds taking turns) and holds about 20
 /// MiB less under the soak (`$_RJEM_MALLOC_CONF` overrides these, e.g. `dirty_decay_ms:250`).
+/// Threads cache freed objects of up to 4 KiB only (jemalloc's default, 32 KiB, let each thread
+/// park up to 200 freed samples of the memory tier per size class: under the soak the idle
+/// daemon held 10 MiB more).
 #[export_name = "_rjem_malloc_conf"]
 #[allow(non_upper_case_globals)]
-pub static malloc_conf: &[u8; 59] = b"background_thread:true,dirty_decay_ms:100,muzzy_decay_ms:0\0";
+pub static malloc_conf: &[u8; 75] =
+    b"background_thread:true,dirty_decay_ms:100,muzzy_decay_ms:0,tcache_max:4096\0";
 
-/// How often the daemon gives the allocator's freed pages back regardless of their decay. The
-/// message path frees tens of MB of encoded batches a second; jemalloc's decay keeps a share
-/// of them that follows the mix of streams (30-90 MiB under the soak, from one minute to the
-/// next), and purging four times a second holds it near what a quarter second frees: under
-/// the soak the level of the daemon's memory per minute stayed within 4.7% (7.6% without), at
-/// no cost measured on the bytes path at 3x224x224 (rounds taking turns).
-pub const PURGE_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+/// How often the daemon checks the pages the allocator holds freed, and gives them back when
+/// they and the message path pass the path's share of the memory budget. The message path frees
+/// tens of MB of encoded batches a second; jemalloc's decay alone kept a share of them that
+/// followed the mix of streams (30-90 MiB under the soak, from one minute to the next). Before
+/// this check, the daemon purged every 250 ms whatever it held: under the soak the same level
+/// then held 25-80 MiB of freed pages between purges, beyond any share.
+pub const PURGE_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Has glibc's malloc (the C libraries': HDF5, libjpeg-turbo) give the pages it holds freed
+/// back to the kernel (under the soak about 10 MiB that it otherwise keeps for good).
+pub fn trim_c_heap() {
+    // SAFETY: malloc_trim takes a byte count to keep at the top of the heap and touches only
+    // the allocator's free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// The bytes an allocation of `len` bytes takes: jemalloc's size class for it.
+pub fn allocation_size(len: usize) -> usize {
+    if len == 0 {
+        return 0;
+    }
+    // SAFETY: nallocx only computes a size class; it allocates nothing.
+    match unsafe { tikv_jemalloc_sys::nallocx(len, 0) } {
+        0 => len,
+        n => n,
+    }
+}
 
 /// Returns the memory the daemon has freed to the kernel now (when the machine is short of
 /// it, or the daemon has gone idle), rather than after the decay time.

@@ -84,6 +84,13 @@ pub struct MemoryConfig {
     /// are freed when unused for 10 s and first when the machine runs short.
     #[serde(default = "default_message_buffers_bytes")]
     pub message_buffers_bytes: usize,
+    /// Bytes of the budget held back from the memory tier for the message path: the spare
+    /// message buffers and the batches on their way to clients in gRPC messages. A stream
+    /// reads ahead into messages only while the path holds less than this (its next batch is
+    /// never held up). The allocator's freed pages count in it too: past it they are given
+    /// back to the kernel. Default: a quarter of the budget, at most 256 MiB.
+    #[serde(default)]
+    pub message_bytes: Option<u64>,
     /// Which sample the tier lets go: "next_use" (the soonest any open stream reads it next,
     /// weighed by bytes; the default) or "stale_lru" (the fixed working set of earlier rounds,
     /// kept to compare).
@@ -100,6 +107,7 @@ impl Default for MemoryConfig {
             min_available_bytes: None,
             watch_interval_ms: default_watch_interval_ms(),
             message_buffers_bytes: default_message_buffers_bytes(),
+            message_bytes: None,
             policy: Default::default(),
         }
     }
@@ -655,6 +663,14 @@ impl Config {
         self.memory
             .budget_bytes
             .unwrap_or((total_memory as f64 * self.memory.budget_fraction) as u64)
+    }
+
+    /// Bytes of the memory budget the message path may take (see `MemoryConfig::message_bytes`).
+    pub fn message_bytes(&self, budget: u64) -> u64 {
+        self.memory
+            .message_bytes
+            .unwrap_or((budget / 4).min(256 << 20))
+            .min(budget)
     }
 
     /// Bytes all shared-memory rings may take together.

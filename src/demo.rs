@@ -7,7 +7,7 @@ use crate::metrics::format_stats;
 use crate::proto::{GetStatsRequest, ListDatasetsRequest, StreamBatchesRequest};
 use crate::server::Daemon;
 use crate::synthetic::{make_dataset, make_segmentation, make_super_resolution};
-use crate::tiers::memory::ENTRY_OVERHEAD;
+use crate::tiers::memory::cost_of;
 use anyhow::{ensure, Context, Result};
 use std::path::Path;
 use std::time::Instant;
@@ -45,16 +45,22 @@ pub struct DemoOptions {
     pub cache_fraction: f64,
 }
 
+/// The message path's share of the demo daemon's memory budget.
+const MESSAGE_BYTES: u64 = 16 << 20;
+
 /// The demo's config: the classification set, a super-resolution pair and a segmentation
 /// folder, on a TCP port the system picks.
 fn demo_config(dir: &Path, path: &Path, sr: &Path, seg: &Path, budget: u64) -> Result<Config> {
+    // The tier gets `budget`; the message path's share comes on top of it.
+    let with_messages = budget + MESSAGE_BYTES;
     Config::parse(&format!(
         r#"
         listen = "127.0.0.1:0"
         [scratch]
         dir = {scratch:?}
         [memory]
-        budget_bytes = {budget}
+        budget_bytes = {with_messages}
+        message_bytes = {MESSAGE_BYTES}
         [[dataset]]
         name = "demo"
         tcp = true
@@ -100,9 +106,9 @@ pub async fn run(opts: DemoOptions) -> Result<()> {
     let sample_bytes: usize = shape.iter().product();
     let path = dir.path().join("demo.h5");
     make_dataset(&path, opts.samples, &shape)?;
-    let budget = (opts.samples as f64
-        * (sample_bytes as u64 + ENTRY_OVERHEAD) as f64
-        * opts.cache_fraction) as u64;
+    // A sample's record is its image and its label.
+    let budget =
+        (opts.samples as f64 * cost_of(sample_bytes + 8) as f64 * opts.cache_fraction) as u64;
     println!(
         "demo: {} samples of {:?} uint8 in {} ({} bytes), memory budget {} bytes ({:.0}% of the dataset)",
         opts.samples,

@@ -270,16 +270,18 @@ pub fn format_stats(s: &crate::proto::Stats) -> String {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let _ = writeln!(
         out,
-        "daemon memory: {:.1} MiB resident, {:.1} MiB anonymous (ceiling {:.1} MiB), {:.1} MiB shared; accounted {:.1} MiB = memory tier {:.1} + rings {:.1} + message buffers {:.1} spare + {:.1} in flight; {:.1} MiB freed, held by the allocator",
+        "daemon memory: {:.1} MiB resident, {:.1} MiB anonymous (ceiling {:.1} MiB), {:.1} MiB shared; accounted {:.1} MiB of the {:.1} MiB budget = memory tier {:.1} + rings {:.1} + message buffers {:.1} spare + {:.1} in flight (their share {:.1}); {:.1} MiB freed, held by the allocator",
         mib(s.resident_bytes),
         mib(s.anonymous_bytes),
         mib(s.anonymous_ceiling_bytes),
         mib(s.shared_bytes),
         mib(s.accounted_bytes),
+        mib(s.memory_configured_budget_bytes),
         mib(s.memory_bytes),
         mib(s.shm_bytes),
         mib(s.message_buffer_spare_bytes),
         mib(s.message_buffer_in_flight_bytes),
+        mib(s.message_budget_bytes),
         mib(s.allocator_free_bytes),
     );
     let _ = write!(

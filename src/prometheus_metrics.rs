@@ -158,14 +158,32 @@ fn record(s: &Stats, streams: &[StreamInfo]) {
     g(
         "larder_memory_limit_bytes",
         Unit::Bytes,
-        "The memory tier's limit now: its budget less the rings and the streams' futures, lower while the machine is short.",
+        "The memory tier's limit now: its budget less the rings, the message path's share and the streams' futures, lower while the machine is short.",
         s.memory_budget_bytes as f64,
     );
     g(
         "larder_memory_budget_bytes",
         Unit::Bytes,
-        "The memory budget the admin set, which the tier, the rings and the streams' futures share.",
+        "The memory budget the admin set, which the tier, the rings, the message path and the streams' futures share.",
         s.memory_configured_budget_bytes as f64,
+    );
+    g(
+        "larder_message_budget_bytes",
+        Unit::Bytes,
+        "The message path's share of the memory budget (spare message buffers and batches in flight).",
+        s.message_budget_bytes as f64,
+    );
+    g(
+        "larder_message_spare_bytes",
+        Unit::Bytes,
+        "Spare message buffers kept for reuse.",
+        s.message_buffer_spare_bytes as f64,
+    );
+    g(
+        "larder_message_in_flight_bytes",
+        Unit::Bytes,
+        "Bytes of batches on their way to clients in gRPC messages (being assembled, packed, encoded).",
+        s.message_buffer_in_flight_bytes as f64,
     );
     g(
         "larder_memory_entries",

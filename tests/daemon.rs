@@ -9,7 +9,7 @@ use larder::proto::{Batch, ListDatasetsRequest, Stats, StreamBatchesRequest};
 use larder::server::Daemon;
 use larder::source::MAX_GRANULE;
 use larder::synthetic::make_dataset;
-use larder::tiers::memory::ENTRY_OVERHEAD;
+use larder::tiers::memory::cost_of;
 use std::collections::HashSet;
 use std::time::Duration;
 use tonic::Code;
@@ -212,17 +212,29 @@ async fn resuming_mid_epoch_serves_exactly_the_rest() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_tier_stays_within_its_budget_and_keeps_its_working_set() {
     let n = 1000u64;
-    let budget = 250 * (SAMPLE_BYTES as u64 + 8 + ENTRY_OVERHEAD);
-    let f = Fixture::start(n, budget).await;
+    // A quarter of the samples (each its image and its int64 label, charged by its
+    // allocation), and the message path's share on top.
+    let tier = 250 * cost_of(SAMPLE_BYTES + 8);
+    let share = 1 << 20;
+    let budget = tier + share;
+    let f = Fixture::start_with(
+        n,
+        &format!("budget_bytes = {budget}\nmessage_bytes = {share}"),
+    )
+    .await;
     let mut before = f.stats().await;
     for e in 0..3 {
         let batches = epoch(&f, req(25, 1, e)).await;
         check_contents(&batches);
         let s = f.stats().await;
-        assert!(s.memory_bytes <= budget, "{} > {budget}", s.memory_bytes);
-        // The limit: the budget less the streams' futures the policy keeps (the epoch just
-        // served waits for its next one).
-        assert_eq!(s.memory_budget_bytes, budget - s.memory_policy_bytes);
+        assert!(s.memory_bytes <= tier, "{} > {tier}", s.memory_bytes);
+        // The limit: the budget less the message path's share and the streams' futures the
+        // policy keeps (the epoch just served waits for its next one).
+        assert_eq!(s.message_budget_bytes, share);
+        assert_eq!(
+            s.memory_budget_bytes,
+            budget - s.message_budget_bytes - s.memory_policy_bytes
+        );
         assert!(
             s.memory_policy_bytes < 3 * 8 * n,
             "{}",
@@ -250,7 +262,7 @@ async fn memory_tier_stays_within_its_budget_and_keeps_its_working_set() {
         "raw storage is read once; scratch serves the rest"
     );
     let expansion = before.measured_expansion_factor;
-    let expected = (record + ENTRY_OVERHEAD) as f64 / record as f64;
+    let expected = cost_of(record as usize) as f64 / record as f64;
     assert!(
         (expansion - expected).abs() < 0.01,
         "{expansion} vs {expected}"

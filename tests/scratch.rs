@@ -315,8 +315,8 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
         reference: 0,
     };
     let mut c = connect(&d.client_addr()).await.unwrap();
-    // Bytes the tiers keep of every sample: its record (the kept image's H and W as u32s, its
-    // pixels, its label).
+    // Bytes the memory tier charges for every sample: its record (the kept image's H and W as
+    // u32s, its pixels, its label), by its allocation, and the entry's bookkeeping.
     let mut kept_bytes = 0u64;
     for epoch in 0..2 {
         let req = StreamBatchesRequest {
@@ -341,8 +341,7 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
                     .unwrap();
                 let dims = &kept[0].dims;
                 if epoch == 0 {
-                    kept_bytes +=
-                        16 + kept[0].data.len() as u64 + larder::tiers::memory::ENTRY_OVERHEAD;
+                    kept_bytes += larder::tiers::memory::cost_of(16 + kept[0].data.len());
                 }
                 let cut = center.cut(0, 0, id, (dims[1], dims[2]));
                 let spec = FieldSpec::new("image", DType::Uint8, vec![Some(3), None, None]);

@@ -183,8 +183,10 @@ def test_real_rss_stays_within_the_budgets_streaming_a_dataset_larger_than_them(
         stop.set()
         d.stop()
     assert len(samples) > 20 and len(rings) == 1
-    # The tier's limit: its budget less the rings open and the streams' futures it keeps.
-    limit = TIER_BYTES - s.shm_bytes - s.memory_policy_bytes
+    # The tier's limit: the budget less the rings open, the message path's share (a quarter of
+    # so small a budget) and the streams' futures it keeps.
+    assert s.message_budget_bytes == TIER_BYTES // 4
+    limit = TIER_BYTES - s.shm_bytes - s.message_budget_bytes - s.memory_policy_bytes
     assert s.memory_budget_bytes == limit and s.memory_bytes > TIER_BYTES // 2, "the tier was filled"
     # Batches in flight: each stream's prefetch_batches + 2 (README, "Memory"), each counted
     # twice (the batch's buffer or samples, and its encoded copy).

@@ -31,12 +31,6 @@ pub const SPARE_IDLE: Duration = Duration::from_secs(10);
 /// The daemon's message buffers: the spares, and the count of those in batches.
 pub struct MessageBuffers {
     inner: Arc<Inner>,
-    /// Bytes of encoded messages (tonic's copies of batches) that hyper has not yet sent
-    /// (counted by `sent::CountedBody`).
-    encoded: Arc<AtomicU64>,
-    /// Bytes of the samples that batches being assembled hold (some of them are also in the
-    /// memory tier; the rest were fetched past it, or evicted from it since).
-    assembling: Arc<AtomicU64>,
 }
 
 /// Counts bytes in a counter while it lives.
@@ -70,6 +64,16 @@ struct Inner {
     in_use_bytes: Arc<AtomicU64>,
     /// Bytes the spares may take at most.
     keep_bytes: usize,
+    /// Bytes of encoded messages (tonic's copies of batches) that hyper has not yet sent
+    /// (counted by `sent::CountedBody`).
+    encoded: Arc<AtomicU64>,
+    /// Bytes of the samples that batches being assembled hold (some of them are also in the
+    /// memory tier; the rest were fetched past it, or evicted from it since).
+    assembling: Arc<AtomicU64>,
+    /// The message path's share of the memory budget: spares and bytes in flight together.
+    /// Spares are kept only within what the batches in flight leave of it, and streams read
+    /// ahead into messages only while the path holds less ([`MessageBuffers::may_read_ahead`]).
+    cap: u64,
 }
 
 /// A buffer from [`MessageBuffers::take`] being written: counted as in use from the start
@@ -124,27 +128,65 @@ pub fn size_class(len: usize) -> usize {
 }
 
 impl MessageBuffers {
+    /// Buffers keeping at most `keep_bytes` of spares, the path without a share of its own.
     pub fn new(keep_bytes: usize) -> MessageBuffers {
+        MessageBuffers::within(keep_bytes, u64::MAX)
+    }
+
+    /// Buffers keeping at most `keep_bytes` of spares, the path within `cap` bytes (spares
+    /// and bytes in flight; see [`MessageBuffers::may_read_ahead`]).
+    pub fn within(keep_bytes: usize, cap: u64) -> MessageBuffers {
         MessageBuffers {
             inner: Arc::new(Inner {
                 spare: Mutex::new(VecDeque::new()),
                 spare_bytes: AtomicU64::new(0),
                 in_use_bytes: Arc::new(AtomicU64::new(0)),
                 keep_bytes,
+                encoded: Arc::new(AtomicU64::new(0)),
+                assembling: Arc::new(AtomicU64::new(0)),
+                cap,
             }),
-            encoded: Arc::new(AtomicU64::new(0)),
-            assembling: Arc::new(AtomicU64::new(0)),
         }
     }
 
     /// Counts `bytes` of samples held by a batch being assembled, until the guard is dropped.
     pub fn hold_samples(&self, bytes: u64) -> Held {
-        Held::new(&self.assembling, bytes)
+        Held::new(&self.inner.assembling, bytes)
     }
 
     /// The count of encoded messages not yet sent, for the servers' response bodies.
     pub fn encoded_counter(&self) -> Arc<AtomicU64> {
-        self.encoded.clone()
+        self.inner.encoded.clone()
+    }
+
+    /// The message path's share of the memory budget.
+    pub fn cap(&self) -> u64 {
+        self.inner.cap
+    }
+
+    /// Whether a stream may start a batch ahead of the one its client waits for: while the path
+    /// (bytes in flight and spares) holds less than its share. Spares go first: past the share
+    /// they are freed before any stream is held back.
+    pub fn may_read_ahead(&self) -> bool {
+        let in_flight = self.in_flight();
+        if in_flight >= self.inner.cap {
+            return false;
+        }
+        let room = self.inner.cap - in_flight;
+        if self.inner.spare_bytes.load(Relaxed) > room {
+            self.inner.shed(room);
+        }
+        true
+    }
+
+    /// Waits until the stream may assemble its batch: at once when it is the batch the client
+    /// waits for (`next()`: so every stream moves on, whatever the others hold), else when
+    /// [`MessageBuffers::may_read_ahead`] says so. Polls every millisecond: the bytes it waits
+    /// on are freed by other streams' sends, in hyper's tasks.
+    pub async fn wait_to_read_ahead(&self, next: impl Fn() -> bool) {
+        while !next() && !self.may_read_ahead() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     /// An empty buffer with room for `len` bytes: a spare of its size class (no page faults),
@@ -214,7 +256,7 @@ impl MessageBuffers {
     /// Bytes on their way to clients: pooled buffers in batches, the samples batches being
     /// assembled hold, and encoded messages not yet sent.
     pub fn in_flight(&self) -> u64 {
-        self.bytes().1 + self.assembling.load(Relaxed) + self.encoded.load(Relaxed)
+        self.inner.in_flight()
     }
 
     /// Bytes of (spare, in batches now) pooled buffers.
@@ -231,7 +273,12 @@ impl Inner {
         self.spare.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Keeps `data` as a spare (emptied), letting the oldest go past the byte limit.
+    fn in_flight(&self) -> u64 {
+        self.in_use_bytes.load(Relaxed) + self.assembling.load(Relaxed) + self.encoded.load(Relaxed)
+    }
+
+    /// Keeps `data` as a spare (emptied), letting the oldest go past the byte limit: the
+    /// spares' own cap, and what the bytes in flight leave of the path's share.
     fn put_back(&self, mut data: Vec<u8>) {
         let cap = data.capacity();
         // Only buffers of a size class are ever taken again (one a writer grew is not).
@@ -239,14 +286,22 @@ impl Inner {
             return;
         }
         data.clear();
+        {
+            let mut spare = self.lock();
+            spare.push_back((data, Instant::now()));
+            self.spare_bytes.fetch_add(cap as u64, Relaxed);
+        }
+        let room = self.cap.saturating_sub(self.in_flight());
+        self.shed(room.min(self.keep_bytes as u64));
+    }
+
+    /// Frees spares, oldest first, until they take at most `keep` bytes.
+    fn shed(&self, keep: u64) {
         let mut spare = self.lock();
-        spare.push_back((data, Instant::now()));
-        let mut kept = self.spare_bytes.fetch_add(cap as u64, Relaxed) + cap as u64;
-        while kept > self.keep_bytes as u64 {
-            let (b, _) = spare
-                .pop_front()
-                .expect("the spares hold the bytes counted");
-            kept -= b.capacity() as u64;
+        while self.spare_bytes.load(Relaxed) > keep {
+            let Some((b, _)) = spare.pop_front() else {
+                break;
+            };
             self.spare_bytes.fetch_sub(b.capacity() as u64, Relaxed);
         }
     }
@@ -361,5 +416,63 @@ mod tests {
         );
         pool.release();
         assert_eq!(pool.bytes(), (0, 0));
+    }
+
+    #[test]
+    fn the_path_keeps_to_its_share_spares_first() {
+        // A share of 8 MB: 4 MB in flight leave room for 4 MB of spares.
+        let pool = MessageBuffers::within(64 * MB, 8 * MB as u64);
+        let a = batch(&pool, 2 * MB, 1);
+        let b = batch(&pool, 2 * MB, 1);
+        drop(batch(&pool, 3 * MB, 1));
+        drop(batch(&pool, 2 * MB + 1, 1)); // a class of its own: 2.5 MB
+        let flying = pool.in_flight();
+        assert_eq!(flying, 4 * MB as u64);
+        assert!(
+            pool.bytes().0 <= 8 * MB as u64 - flying,
+            "spares within what the batches in flight leave: {:?}",
+            pool.bytes()
+        );
+        assert!(pool.may_read_ahead(), "below the share");
+        // 7 MB in flight and 1 MB of spares pass nothing; 9 MB in flight is past the share:
+        // no reading ahead, and the spares are gone.
+        let c = batch(&pool, 3 * MB, 1);
+        assert!(pool.may_read_ahead());
+        assert!(pool.bytes().0 + pool.in_flight() <= 8 * MB as u64);
+        let d = batch(&pool, 2 * MB, 1);
+        assert!(!pool.may_read_ahead(), "past the share");
+        drop((a, b));
+        assert!(pool.may_read_ahead(), "room again once batches are sent");
+        drop((c, d));
+        assert!(pool.bytes().0 <= 8 * MB as u64);
+    }
+
+    #[tokio::test]
+    async fn the_batch_a_client_waits_for_never_waits() {
+        let pool = Arc::new(MessageBuffers::within(64 * MB, MB as u64));
+        let held = batch(&pool, 2 * MB, 1); // past the share
+        let next = Arc::new(AtomicU64::new(5));
+        let n = next.clone();
+        // Batch 5 is the one the client waits for: it goes at once.
+        tokio::time::timeout(
+            Duration::from_secs(1),
+            pool.wait_to_read_ahead(|| 5 <= n.load(Relaxed)),
+        )
+        .await
+        .expect("the next batch is not held up");
+        // Batch 6 waits until the bytes in flight are sent, or until it is next.
+        let waiting = {
+            let (pool, n) = (pool.clone(), next.clone());
+            tokio::spawn(async move { pool.wait_to_read_ahead(|| 6 <= n.load(Relaxed)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished(), "read-ahead waits past the share");
+        next.store(6, Relaxed); // batch 5 was sent: 6 is next
+        tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("goes once it is next")
+            .unwrap();
+        drop(held);
+        assert!(pool.may_read_ahead());
     }
 }

@@ -88,7 +88,13 @@ impl Daemon {
         // Every shard folder counts as idle until its dataset opens and takes it back.
         store.keep_unused_scratch();
         let streams = Streams::new(memory.clone(), metrics.clone());
-        let buffers = Arc::new(MessageBuffers::new(config.memory.message_buffers_bytes));
+        // The message path's share comes off the memory tier's: both stay within the budget.
+        let message_bytes = config.message_bytes(budget);
+        memory.hold_back(message_bytes);
+        let buffers = Arc::new(MessageBuffers::within(
+            config.memory.message_buffers_bytes,
+            message_bytes,
+        ));
         let release = {
             let buffers = buffers.clone();
             move || buffers.release()
@@ -110,6 +116,7 @@ impl Daemon {
         let (shutdown, shutdown_rx) = shutdown::channel();
         tracing::info!(
             budget_bytes = budget,
+            message_bytes,
             expansion_factor = config.memory.expansion_factor,
             "memory tier budget"
         );
@@ -318,10 +325,14 @@ fn route_unix(
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
-/// Frees message buffers left unused for `SPARE_IDLE`, and gives their memory back to the
-/// machine (an idle daemon holds none); and every `alloc::PURGE_EVERY` gives back the pages
-/// the allocator holds freed (`$LARDER_PURGE_MS` sets the interval, 0 leaves it to the
-/// allocator's decay alone).
+/// Keeps the message path and the allocator's freed pages within the path's share of the
+/// memory budget, and an idle daemon holding none of either:
+/// - every `alloc::PURGE_CHECK` it reads the pages the allocator holds freed, and gives them
+///   back to the kernel when they, the spare buffers and the bytes in flight pass the share
+///   (`$LARDER_PURGE_MS` sets the interval, 0 leaves them to the allocator's decay alone);
+/// - every second it has the C libraries' allocator (HDF5's, libjpeg's) give back what they
+///   freed;
+/// - every `SPARE_IDLE` / 4 it frees the spares unused for `SPARE_IDLE`.
 async fn trim_idle_buffers(buffers: Arc<MessageBuffers>) {
     let purge = match std::env::var("LARDER_PURGE_MS")
         .ok()
@@ -329,26 +340,31 @@ async fn trim_idle_buffers(buffers: Arc<MessageBuffers>) {
     {
         Some(Ok(0)) => None,
         Some(Ok(ms)) => Some(Duration::from_millis(ms)),
-        _ => Some(crate::alloc::PURGE_EVERY),
+        _ => Some(crate::alloc::PURGE_CHECK),
     };
-    let tick = purge.unwrap_or(SPARE_IDLE / 4);
+    let tick = purge.unwrap_or(Duration::from_secs(1));
     let mut ticker = tokio::time::interval(tick);
-    // Ticks between two trims of the spare buffers.
-    let every = ((SPARE_IDLE / 4).as_millis() / tick.as_millis().max(1)).max(1) as u64;
+    let per = |every: Duration| (every.as_millis() / tick.as_millis().max(1)).max(1) as u64;
+    let (trim_every, c_every) = (per(SPARE_IDLE / 4), per(Duration::from_secs(1)));
     let mut ticks = 0u64;
     loop {
         ticker.tick().await;
         ticks += 1;
         if purge.is_some() {
-            crate::alloc::give_back();
+            let held = buffers.bytes().0 + buffers.in_flight() + crate::alloc::free_bytes();
+            if held > buffers.cap() {
+                crate::alloc::give_back();
+            }
         }
-        if !ticks.is_multiple_of(every) {
-            continue;
+        if ticks.is_multiple_of(c_every) {
+            crate::alloc::trim_c_heap();
         }
-        let before = buffers.bytes().0;
-        buffers.trim(SPARE_IDLE);
-        if buffers.bytes().0 < before {
-            crate::alloc::give_back();
+        if ticks.is_multiple_of(trim_every) {
+            let before = buffers.bytes().0;
+            buffers.trim(SPARE_IDLE);
+            if buffers.bytes().0 < before {
+                crate::alloc::give_back();
+            }
         }
     }
 }

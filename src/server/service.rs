@@ -196,13 +196,15 @@ impl Service {
             anonymous_bytes: process.anonymous,
             shared_bytes: process.shared,
             allocator_free_bytes: allocator_free,
+            // The budget holds the tier and the message path's share; the path may pass its
+            // share by the batches streams' clients wait for.
             anonymous_ceiling_bytes: mem.budget
-                + self.buffers.keep_bytes() as u64
-                + in_flight
+                + (spare + in_flight).saturating_sub(self.buffers.cap())
                 + allocator_free
                 + crate::alloc::UNACCOUNTED_ALLOWANCE,
             pool_busy: self.store.pool_busy(crate::insight::WINDOW),
             memory_configured_budget_bytes: mem.budget,
+            message_budget_bytes: self.buffers.cap(),
             datasets: self
                 .catalog
                 .all()

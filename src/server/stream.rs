@@ -21,6 +21,7 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use std::ops::Range;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Instant;
@@ -162,11 +163,21 @@ impl Producer {
             None => None,
         };
         let started = Instant::now();
+        // The batch the client gets next. In messages it is assembled whatever the message
+        // path holds; the batches after it (read ahead) wait while the path holds its share of
+        // the memory budget, so the path stays within it but for one batch per stream.
+        let next = Arc::new(AtomicU64::new(plan.start_batch));
         let mut batches = futures::stream::iter(plan.start_batch..plan.num_batches)
             .map(|b| {
                 let (store, ds, plan, sel) = (store.clone(), ds.clone(), plan.clone(), sel.clone());
                 let (ring, buffers, cursor) = (ring.clone(), buffers.clone(), cursor.clone());
+                let next = next.clone();
                 async move {
+                    if ring.is_none() {
+                        buffers
+                            .wait_to_read_ahead(|| b <= next.load(Ordering::Acquire))
+                            .await;
+                    }
                     cursor.reading(&plan, b);
                     let (batch, slot, mix) =
                         assemble(&store, &ds, &plan, &sel, b, ring.as_ref(), &buffers).await?;
@@ -212,6 +223,7 @@ impl Producer {
                 tracing::info!(dataset = %ds.name, "client went away; stream closed");
                 return; // the slot, never delivered, is free again
             }
+            next.fetch_add(1, Ordering::Release);
             if let Some(slot) = slot {
                 slot.hand_over();
             }

@@ -45,6 +45,8 @@ struct Inner {
     /// Bytes of the budget taken by other things (the shared-memory rings). The policy's own
     /// bookkeeping beyond the entries (the open streams' futures) is taken off too.
     reserved: u64,
+    /// Bytes of the budget held back for good (the message path's share).
+    held_back: u64,
     /// Lookup counter, the clock policies measure time in.
     clock: u64,
     declined: u64,
@@ -93,8 +95,18 @@ pub struct MemorySnapshot {
     pub policy: &'static str,
 }
 
+/// What the tier charges for holding `data`: the allocation its bytes take and the entry's
+/// bookkeeping.
 pub fn entry_cost(data: &Bytes) -> u64 {
-    data.len() as u64 + ENTRY_OVERHEAD
+    cost_of(data.len())
+}
+
+/// What the tier charges for a sample of `len` bytes: the allocator rounds each allocation up
+/// to a size class (a 3x64x64 record and its label, 12,296 bytes, takes 14,336), so the tier
+/// counts the class, not the length (counting lengths, a full tier of such records held a
+/// sixth more than it said), and `ENTRY_OVERHEAD` on top.
+pub fn cost_of(len: usize) -> u64 {
+    crate::alloc::allocation_size(len) as u64 + ENTRY_OVERHEAD
 }
 
 impl MemoryTier {
@@ -128,6 +140,7 @@ impl MemoryTier {
                 limit: budget,
                 watched: budget,
                 reserved: 0,
+                held_back: 0,
                 clock: 0,
                 declined: 0,
                 evicted: 0,
@@ -248,6 +261,14 @@ impl MemoryTier {
         self.reserve_from(&std::sync::atomic::AtomicU64::new(bytes));
     }
 
+    /// Holds `bytes` of the budget back for good (the message path's share of it), evicting at
+    /// the policy's word until the tier fits in the rest.
+    pub fn hold_back(&self, bytes: u64) {
+        let mut inner = self.lock();
+        inner.held_back = bytes;
+        inner.apply_limit();
+    }
+
     /// As `set_reserved`, with the bytes read from `counter` under the tier's lock (so that
     /// changes told at once cannot land in the wrong order).
     pub fn reserve_from(&self, counter: &std::sync::atomic::AtomicU64) {
@@ -275,7 +296,7 @@ impl MemoryTier {
 
 impl Inner {
     fn apply_limit(&mut self) {
-        let others = self.reserved + self.policy.extra_bytes() as u64;
+        let others = self.reserved + self.held_back + self.policy.extra_bytes() as u64;
         self.limit = self.watched.min(self.budget.saturating_sub(others));
         while self.bytes > self.limit {
             let now = self.clock;

@@ -498,7 +498,7 @@ mod tests {
     use super::MAX_GHOSTS;
     use crate::sampler::epoch_order;
     use crate::tiers::future::OrderKey;
-    use crate::tiers::memory::{MemoryTier, PolicyName, ENTRY_OVERHEAD};
+    use crate::tiers::memory::{cost_of, MemoryTier, PolicyName};
     use bytes::Bytes;
 
     /// A job: its seed, the epochs it reads, the lookup (of all jobs') it starts at, and an
@@ -521,7 +521,7 @@ mod tests {
     fn run(policy: PolicyName, jobs: &[Job], slots: u64) -> (Vec<u64>, Vec<bool>) {
         // Samples of 4 kB: the orders the policy keeps (1.6 kB each, taken off the budget too)
         // cost the tier at most an entry or two.
-        let tier = MemoryTier::named(slots * (SAMPLE.len() as u64 + ENTRY_OVERHEAD), policy);
+        let tier = MemoryTier::named(slots * cost_of(SAMPLE.len()), policy);
         struct State {
             job: Job,
             epoch: u64,
@@ -759,7 +759,7 @@ mod tests {
 
     #[test]
     fn a_sample_evicted_and_taken_in_again_is_placed_by_its_new_prediction() {
-        let tier = MemoryTier::new(2 * (SAMPLE.len() as u64 + ENTRY_OVERHEAD) + 1024);
+        let tier = MemoryTier::new(2 * cost_of(SAMPLE.len()) + 1024);
         let one = || Bytes::from_static(&SAMPLE);
         let key = OrderKey {
             dataset: 0,
@@ -789,7 +789,7 @@ mod tests {
     #[test]
     fn entries_no_stream_reads_go_first_and_a_newcomer_without_a_future_stays_out() {
         // Room for three entries, and the stream's order (taken off the budget too).
-        let tier = MemoryTier::new(3 * (SAMPLE.len() as u64 + ENTRY_OVERHEAD) + 1024);
+        let tier = MemoryTier::new(3 * cost_of(SAMPLE.len()) + 1024);
         let one = || Bytes::from_static(&SAMPLE);
         // Dataset 9 is nobody's: its entry goes before any of dataset 0's.
         assert!(tier.insert((9, 0), one(), 1));
@@ -817,7 +817,7 @@ mod tests {
     fn weighs_the_bytes_held_against_the_bytes_a_miss_reads() {
         // Two entries due at the same time: the one holding more memory per byte its miss
         // reads goes.
-        let tier = MemoryTier::new(2 * (1000 + ENTRY_OVERHEAD) + 1024);
+        let tier = MemoryTier::new(2 * cost_of(1000) + 1024);
         let key = OrderKey {
             dataset: 0,
             num_samples: 100,

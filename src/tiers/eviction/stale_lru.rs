@@ -69,7 +69,7 @@ impl Eviction for StaleLru {
 #[cfg(test)]
 mod tests {
     use crate::sampler::epoch_order;
-    use crate::tiers::memory::{MemoryTier, ENTRY_OVERHEAD};
+    use crate::tiers::memory::{cost_of, MemoryTier};
     use bytes::Bytes;
 
     fn sample(n: usize) -> Bytes {
@@ -78,7 +78,7 @@ mod tests {
 
     #[test]
     fn plain_lru_when_no_stream_is_open() {
-        let tier = MemoryTier::stale_lru(2 * (10 + ENTRY_OVERHEAD));
+        let tier = MemoryTier::stale_lru(2 * cost_of(10));
         tier.insert((0, 1), sample(10), 1);
         tier.insert((0, 2), sample(10), 1);
         assert!(tier.get(&(0, 1)).is_some());
@@ -92,7 +92,7 @@ mod tests {
 
     #[test]
     fn keeps_recently_used_entries_and_declines_newcomers() {
-        let tier = MemoryTier::stale_lru(2 * (10 + ENTRY_OVERHEAD));
+        let tier = MemoryTier::stale_lru(2 * cost_of(10));
         tier.set_streaming_samples(50); // stale after 100 lookups
         tier.insert((0, 1), sample(10), 1);
         tier.insert((0, 2), sample(10), 1);
@@ -110,7 +110,7 @@ mod tests {
     /// The design note's simulation: 20,000 samples, a cache of half of them, shuffled epochs.
     fn hit_rate(streaming: u64) -> f64 {
         let n = 20_000u64;
-        let tier = MemoryTier::stale_lru((n / 2) * (1 + ENTRY_OVERHEAD));
+        let tier = MemoryTier::stale_lru((n / 2) * cost_of(1));
         tier.set_streaming_samples(streaming);
         let (mut hits, mut lookups) = (0u64, 0u64);
         for epoch in 0..4 {

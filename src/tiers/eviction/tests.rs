@@ -1,7 +1,7 @@
 //! What every eviction policy must do, run against each (add a new policy to `policies`).
 
 use super::{Eviction, NextUse, StaleLru};
-use crate::tiers::memory::{MemoryTier, ENTRY_OVERHEAD};
+use crate::tiers::memory::{cost_of, MemoryTier};
 use bytes::Bytes;
 
 /// A policy's name and how to make one.
@@ -31,7 +31,7 @@ fn each(budget: u64, check: impl Fn(&str, &MemoryTier)) {
 
 #[test]
 fn never_exceeds_its_budget_nor_keeps_what_cannot_fit() {
-    each(10 * (100 + ENTRY_OVERHEAD), |policy, tier| {
+    each(10 * cost_of(100), |policy, tier| {
         for i in 0..100 {
             tier.insert((0, i), sample(100), 1);
             let s = tier.snapshot();
@@ -47,7 +47,7 @@ fn never_exceeds_its_budget_nor_keeps_what_cannot_fit() {
 
 #[test]
 fn what_it_holds_comes_back_whole_and_counts_add_up() {
-    each(5 * (100 + ENTRY_OVERHEAD), |policy, tier| {
+    each(5 * cost_of(100), |policy, tier| {
         let mut kept = vec![];
         for i in 0..20u64 {
             let data = Bytes::from(vec![i as u8; 100]);
@@ -60,11 +60,7 @@ fn what_it_holds_comes_back_whole_and_counts_add_up() {
         let s = tier.snapshot();
         let held: Vec<u64> = (0..20).filter(|&i| tier.peek(&(1, i)).is_some()).collect();
         assert_eq!(s.entries, held.len() as u64, "{policy}");
-        assert_eq!(
-            s.bytes,
-            held.len() as u64 * (100 + ENTRY_OVERHEAD),
-            "{policy}"
-        );
+        assert_eq!(s.bytes, held.len() as u64 * cost_of(100), "{policy}");
         assert_eq!(s.disk_bytes, held.len() as u64 * 40, "{policy}");
         for i in held {
             assert!(kept.contains(&i), "{policy}: holds {i}, never kept");
@@ -78,11 +74,11 @@ fn what_it_holds_comes_back_whole_and_counts_add_up() {
 
 #[test]
 fn shrinking_the_limit_evicts_down_to_it_and_restoring_stops_at_the_budget() {
-    each(10 * (10 + ENTRY_OVERHEAD), |policy, tier| {
+    each(10 * cost_of(10), |policy, tier| {
         for i in 0..10 {
             assert!(tier.insert((0, i), sample(10), 1), "{policy}: room for all");
         }
-        tier.set_limit(3 * (10 + ENTRY_OVERHEAD));
+        tier.set_limit(3 * cost_of(10));
         let s = tier.snapshot();
         assert_eq!((s.entries, s.evicted), (3, 7), "{policy}");
         tier.set_limit(0);
