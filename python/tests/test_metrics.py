@@ -67,7 +67,7 @@ def test_the_exposition_has_the_tiers_the_memory_and_each_open_stream(scraped):
                    "larder_stream_recent_samples{", "larder_pool_busy_ratio", "larder_batch_wait_seconds_bucket{le=",
                    "larder_batch_wait_seconds_count", "larder_dataset_lookups_total{dataset=\"train\",tier=\"raw\"}",
                    "larder_dataset_read_bytes_total{dataset=\"train\",tier=", "larder_dataset_bad_samples{dataset=\"train\"} 0",
-                   "larder_memory_budget_bytes"):
+                   "larder_memory_budget_bytes", "larder_message_budget_bytes", "larder_message_in_flight_bytes"):
         assert family in text, (family, text)
     assert "job=" not in text, "Prometheus renames a scraped job label"
     with pytest.raises(urllib.error.HTTPError) as e:
