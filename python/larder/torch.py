@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import time
 import weakref
 from typing import Iterator, List, Optional, Sequence, Tuple
 
@@ -795,8 +796,12 @@ def ImageFolder(
 
                 if e.code != grpc.StatusCode.ALREADY_EXISTS:
                     raise
-        if own not in [d.name for d in client.datasets()]:
-            raise LarderError(f"{own} was added but is not served (see `larder datasets`)")
+        # Another rank's add may still be opening it (an image folder is walked first).
+        deadline = time.monotonic() + 120
+        while own not in [d.name for d in client.datasets()]:
+            if time.monotonic() > deadline:
+                raise LarderError(f"{own} was added but is not served (see `larder datasets`)")
+            time.sleep(0.1)
     full = own
     pipeline = "train" if train and kind == "images" else "eval"
     dataset_kwargs.setdefault("shuffle", train)

@@ -396,13 +396,40 @@ def test_timm_recipe_trains_through_timms_prefetcher_with_mixup_and_validates_ex
             capture_output=True, text=True, timeout=300)
     finally:
         d.stop()
-    assert out.returncode == 0, out.stderr[-3000:]
+    # The first error (a rank that failed, which the launcher's own report follows) and the end.
+    assert out.returncode == 0, out.stderr[:4000] + "\n[...]\n" + out.stderr[-2000:]
     vals = re.findall(r"epoch (\d+): val top-1 (\S+) over (\d+) images \(the dataset has (\d+)\)", out.stdout)
     assert [v[0] for v in vals] == ["0", "1"] and all(v[2] == v[3] == "41" for v in vals), out.stdout
     trained = re.findall(r"rank (\d+) epoch (\d+): train loss (\S+) \((\d+) samples\)", out.stdout)
     # Whole rounds of 8 per rank; the short last one dropped.
     assert sorted(int(n) for *_, n in trained) == [100 // (8 * ranks) * 8] * (2 * ranks), out.stdout
     assert all(float(loss) == float(loss) for _, _, loss, _ in trained), "no NaN loss"
+
+
+def test_ranks_naming_one_folder_at_once_all_get_it(tmp_path):
+    """Under torchrun every rank calls `ImageFolder(path)` at once: one adds the folder, the
+    others get ALREADY_EXISTS while the daemon is still walking it, and wait until it is served
+    (they raised "added but is not served" before, one CI run in several)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for i in range(3000):  # enough that walking the folder takes the other ranks' whole calls
+        c = i % 4
+        (tmp_path / "f" / f"c{c}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(tmp_path / "f" / f"c{c}" / f"{i}.png")
+    d = Daemon(tmp_path, "")
+    code = ("import larder.torch as lt; "
+            f"ds = lt.ImageFolder({str(tmp_path / 'f')!r}, 8, address={d.unix!r}); "
+            "print(ds.dataset)")
+    try:
+        procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(3)]
+        outs = [p.communicate(timeout=180) + (p.returncode,) for p in procs]
+    finally:
+        d.stop()
+    assert all(rc == 0 for _, _, rc in outs), [e[-800:] for _, e, _ in outs]
+    assert len({o.strip() for o, _, _ in outs}) == 1, outs
 
 
 def test_image_folder_by_path_is_added_once_and_streams_both_recipes(tmp_path):
