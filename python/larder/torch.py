@@ -796,8 +796,9 @@ def ImageFolder(
 
                 if e.code != grpc.StatusCode.ALREADY_EXISTS:
                     raise
-        # Another rank's add may still be opening it (an image folder is walked first).
-        deadline = time.monotonic() + 120
+        # Another rank's add may still be opening it (an image folder is walked first; a large
+        # one on a network file system can take minutes).
+        deadline = time.monotonic() + 900
         while own not in [d.name for d in client.datasets()]:
             if time.monotonic() > deadline:
                 raise LarderError(f"{own} was added but is not served (see `larder datasets`)")

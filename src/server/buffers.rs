@@ -169,14 +169,11 @@ impl MessageBuffers {
     /// they are freed before any stream is held back.
     pub fn may_read_ahead(&self) -> bool {
         let in_flight = self.in_flight();
-        if in_flight >= self.inner.cap {
-            return false;
-        }
-        let room = self.inner.cap - in_flight;
+        let room = self.inner.cap.saturating_sub(in_flight);
         if self.inner.spare_bytes.load(Relaxed) > room {
             self.inner.shed(room);
         }
-        true
+        room > 0
     }
 
     /// Waits until the stream may assemble its batch: at once when it is the batch the client
@@ -291,7 +288,9 @@ impl Inner {
             spare.push_back((data, Instant::now()));
             self.spare_bytes.fetch_add(cap as u64, Relaxed);
         }
-        let room = self.cap.saturating_sub(self.in_flight());
+        // The buffer is still counted in flight (its batch's count goes after this returns).
+        let in_flight = self.in_flight().saturating_sub(cap as u64);
+        let room = self.cap.saturating_sub(in_flight);
         self.shed(room.min(self.keep_bytes as u64));
     }
 
@@ -425,13 +424,19 @@ mod tests {
         let a = batch(&pool, 2 * MB, 1);
         let b = batch(&pool, 2 * MB, 1);
         drop(batch(&pool, 3 * MB, 1));
-        drop(batch(&pool, 2 * MB + 1, 1)); // a class of its own: 2.5 MB
+        assert_eq!(
+            pool.bytes().0,
+            3 * MB as u64,
+            "kept: 4 MB in flight leave room"
+        );
+        let class = size_class(2 * MB + 1); // a class of its own: 2.5 MB
+        drop(batch(&pool, 2 * MB + 1, 1));
         let flying = pool.in_flight();
         assert_eq!(flying, 4 * MB as u64);
-        assert!(
-            pool.bytes().0 <= 8 * MB as u64 - flying,
-            "spares within what the batches in flight leave: {:?}",
-            pool.bytes()
+        assert_eq!(
+            pool.bytes().0,
+            class as u64,
+            "spares within what the batches in flight leave, the oldest let go"
         );
         assert!(pool.may_read_ahead(), "below the share");
         // 7 MB in flight and 1 MB of spares pass nothing; 9 MB in flight is past the share:
