@@ -245,11 +245,6 @@ impl MessageBuffers {
         self.trim(Duration::ZERO);
     }
 
-    /// Bytes the spares may take at most.
-    pub fn keep_bytes(&self) -> usize {
-        self.inner.keep_bytes
-    }
-
     /// Bytes on their way to clients: pooled buffers in batches, the samples batches being
     /// assembled hold, and encoded messages not yet sent.
     pub fn in_flight(&self) -> u64 {
@@ -283,20 +278,25 @@ impl Inner {
             return;
         }
         data.clear();
-        {
-            let mut spare = self.lock();
-            spare.push_back((data, Instant::now()));
-            self.spare_bytes.fetch_add(cap as u64, Relaxed);
-        }
         // The buffer is still counted in flight (its batch's count goes after this returns).
         let in_flight = self.in_flight().saturating_sub(cap as u64);
-        let room = self.cap.saturating_sub(in_flight);
-        self.shed(room.min(self.keep_bytes as u64));
+        let keep = self
+            .cap
+            .saturating_sub(in_flight)
+            .min(self.keep_bytes as u64);
+        let mut spare = self.lock();
+        spare.push_back((data, Instant::now()));
+        self.spare_bytes.fetch_add(cap as u64, Relaxed);
+        self.shed_locked(&mut spare, keep);
     }
 
     /// Frees spares, oldest first, until they take at most `keep` bytes.
     fn shed(&self, keep: u64) {
-        let mut spare = self.lock();
+        self.shed_locked(&mut self.lock(), keep);
+    }
+
+    /// As `shed`, with the spares' lock held.
+    fn shed_locked(&self, spare: &mut VecDeque<(Vec<u8>, Instant)>, keep: u64) {
         while self.spare_bytes.load(Relaxed) > keep {
             let Some((b, _)) = spare.pop_front() else {
                 break;
