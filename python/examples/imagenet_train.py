@@ -1,20 +1,22 @@
-"""Trains and validates an image classifier on datasets served by larderd, in the shape of an
-ImageNet training script (argparse, train and validate loops, top-1/top-5 meters, DDP under
-torchrun), written for larder.
+"""Trains and validates an image classifier on image folders served by larderd, in the shape of
+pytorch/examples' ImageNet script (argparse, train and validate loops, top-1/top-5 meters, DDP
+under torchrun), ported to larder the way that script is ported: three changed lines, marked
+"larder" below.
 
-    python examples/imagenet_train.py --train imagenet-train --val imagenet-val [--arch resnet18]
-    torchrun --nproc_per_node 2 examples/imagenet_train.py --train ... --val ...
+    python examples/imagenet_train.py DIR [--arch resnet18]          (DIR/train, DIR/val)
+    torchrun --nproc_per_node 2 examples/imagenet_train.py DIR
 
-What a script of that shape changes to use larder is the three data lines marked "larder"
-below: the datasets (names the daemon serves, with the normalization the script applied), and
-`larder.torch.loader` in place of `DataLoader`, with the script's own arguments left as they
-were (workers, shuffle, sampler, pin_memory: larder says once in the log what it leaves aside).
-Validation is exact under any number of ranks with the script's own loop, as pytorch/examples'
-is (its meters, all-reduced at the end, and its check for a tail its sampler left out): the val
-stream serves every image exactly once (`even_batches=False`, the default of
-`larder.torch.ImageFolder(train=False)`); ranks may get one batch more or less, which a loop that
-all-reduces only at the end does not mind. (A loop that all-reduces every batch, as timm's,
-needs equal batch counts: `valid=True` and `exact_counts`; see timm_train.py.)
+The script's own torchvision transforms stay as they are: `larder.torch.datasets.ImageFolder`
+reads them (RandomResizedCrop + RandomHorizontalFlip: the daemon's train pipeline; Resize +
+CenterCrop: its eval one; ToTensor and Normalize: done on the batch, on the GPU when there is
+one), and `larder.torch.DataLoader` takes the script's DataLoader arguments as they were
+(workers, shuffle, its DistributedSamplers, pin_memory: larder says once in the log what it
+leaves aside, and follows the samplers' `set_epoch`). Validation is exact under any number of
+ranks with the script's own loop (its meters, all-reduced at the end, and its check for a tail
+its sampler left out): the val stream serves every image exactly once; ranks may get one batch
+more or less, which a loop that all-reduces only at the end does not mind. (A loop that
+all-reduces every batch, as timm's, needs equal batch counts: `valid=True` and
+`exact_counts`; see timm_train.py.)
 """
 
 import argparse
@@ -24,11 +26,9 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torchvision.transforms as transforms
 
-import larder.torch
-from larder.torch import LarderIterableDataset
-
-MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+from larder.torch import datasets, DataLoader  # larder (was: import torchvision.datasets as datasets)
 
 
 def small_cnn(channels: int, classes: int) -> nn.Module:
@@ -65,6 +65,7 @@ def train(loader, model, criterion, optimizer, epoch, device, rank) -> None:
     loss_m, top1 = Meter("Loss"), Meter("Acc@1")
     started = time.perf_counter()
     for images, target in loader:
+        images = images.to(device, non_blocking=True)
         target = target.to(device, non_blocking=True)
         output = model(images)
         loss = criterion(output, target)
@@ -85,6 +86,7 @@ def validate(loader, model, device, distributed: bool) -> tuple:
     top1, top5 = Meter("Acc@1"), Meter("Acc@5")
     with torch.no_grad():
         for images, target in loader:
+            images = images.to(device, non_blocking=True)
             output = model(images)
             target = target.to(output.device)
             top1.update(100.0 * correct_at(output, target, 1).float().mean().item(), images.size(0))
@@ -103,19 +105,20 @@ def validate(loader, model, device, distributed: bool) -> tuple:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("data", help="a folder with train/ and val/ image folders (class subfolders)")
     p.add_argument("--address", default=None, help="larderd address (default: $LARDER_ADDR)")
-    p.add_argument("--train", required=True, help="the training dataset's name in larderd")
-    p.add_argument("--val", required=True, help="the validation dataset's name in larderd")
     p.add_argument("--arch", default="small", help="'small', or a torchvision.models name")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("-b", "--batch-size", type=int, default=256)
     p.add_argument("-j", "--workers", type=int, default=4)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--classes", type=int, default=1000)
-    p.add_argument("--channels", type=int, default=3)
+    p.add_argument("--crop", type=int, default=224)
+    p.add_argument("--resize", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--train-pipeline", default="train", help="'train' (random-resized crop and flip), or 'eval'")
     args = p.parse_args()
+    if args.address:
+        os.environ["LARDER_ADDR"] = args.address
 
     distributed = "RANK" in os.environ
     if distributed:
@@ -129,7 +132,7 @@ def main() -> None:
         device = torch.device("cpu")
     torch.manual_seed(args.seed)
     if args.arch == "small":
-        model = small_cnn(args.channels, args.classes)
+        model = small_cnn(3, args.classes)
     else:
         import torchvision
 
@@ -140,18 +143,40 @@ def main() -> None:
     criterion = nn.CrossEntropyLoss().to(device)
     optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=0.9)
 
-    # larder: the datasets, normalized on the training device as the script's transforms did.
-    mean, std = MEAN[: args.channels], STD[: args.channels]
-    train_dataset = LarderIterableDataset(args.train, args.batch_size, address=args.address, seed=args.seed,
-                                          pipeline=args.train_pipeline, normalize=(mean, std), device=device)
-    val_dataset = LarderIterableDataset(args.val, args.batch_size, address=args.address, shuffle=False,
-                                        even_batches=False, normalize=(mean, std), device=device)
-    train_sampler = torch.utils.data.distributed.DistributedSampler(train_dataset) if distributed else None
-    # larder: the loaders, with the script's arguments as they were.
-    train_loader = larder.torch.loader(train_dataset, batch_size=args.batch_size, shuffle=train_sampler is None,
-                                       num_workers=args.workers, pin_memory=True, sampler=train_sampler)
-    val_loader = larder.torch.loader(val_dataset, batch_size=args.batch_size, shuffle=False,
-                                     num_workers=args.workers, pin_memory=True)
+    # Data loading, as the script has it.
+    traindir = os.path.join(args.data, "train")
+    valdir = os.path.join(args.data, "val")
+    normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    train_dataset = datasets.ImageFolder(
+        traindir,
+        transforms.Compose([
+            transforms.RandomResizedCrop(args.crop),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            normalize,
+        ]))
+    val_dataset = datasets.ImageFolder(
+        valdir,
+        transforms.Compose([
+            transforms.Resize(args.resize),
+            transforms.CenterCrop(args.crop),
+            transforms.ToTensor(),
+            normalize,
+        ]))
+    if distributed:
+        train_sampler = torch.utils.data.distributed.DistributedSampler(train_dataset)
+        val_sampler = torch.utils.data.distributed.DistributedSampler(val_dataset, shuffle=False, drop_last=True)
+    else:
+        train_sampler = None
+        val_sampler = None
+
+    train_loader = DataLoader(  # larder (was: torch.utils.data.DataLoader()
+        train_dataset, batch_size=args.batch_size, shuffle=(train_sampler is None),
+        num_workers=args.workers, pin_memory=True, sampler=train_sampler)
+
+    val_loader = DataLoader(  # larder (was: torch.utils.data.DataLoader()
+        val_dataset, batch_size=args.batch_size, shuffle=False,
+        num_workers=args.workers, pin_memory=True, sampler=val_sampler)
 
     for epoch in range(args.epochs):
         if distributed:
@@ -159,7 +184,7 @@ def main() -> None:
         train(train_loader, model, criterion, optimizer, epoch, device, rank)
         # larder: was the epoch input-bound? (the loop's own wait for batches, and the daemon's
         # cause and fix when it was)
-        print(f"rank {rank} epoch {epoch}: {train_dataset.input_stats()}", flush=True)
+        print(f"rank {rank} epoch {epoch}: {train_loader.dataset.input_stats()}", flush=True)
         acc1, acc5, counted = validate(val_loader, model, device, distributed)
         if rank == 0:
             print(f"epoch {epoch}: val Acc@1 {acc1:.3f} Acc@5 {acc5:.3f} over {counted} images "

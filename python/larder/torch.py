@@ -442,13 +442,14 @@ class LarderIterableDataset(IterableDataset):
             **self._shard(rank, world),
         ):
             out = batch.torch(self.fields)
-            if (self.normalize is not None or self.device is not None or self.dtype is not None
+            device = self._device()
+            if (self.normalize is not None or device is not None or self.dtype is not None
                     or self.channels_last):
-                out = self._as_expected(out)
+                out = self._as_expected(out, device)
             if self.valid:
                 mask = torch.from_numpy(batch.valid)
-                if self.device is not None:
-                    mask = mask.to(self.device, non_blocking=True)
+                if device is not None:
+                    mask = mask.to(device, non_blocking=True)
                 out = {**out, "valid": mask} if isinstance(out, dict) else (*out, mask)
             position["batches"] += 1
             position["sample"] = batch.resume_sample
@@ -457,7 +458,14 @@ class LarderIterableDataset(IterableDataset):
         # The epoch is done: a checkpoint now resumes at the start of the next one.
         self._position = _position(epoch + 1)
 
-    def _as_expected(self, out):
+    def _device(self):
+        """Where batches go: `device`, where "auto" is the current CUDA device when there is
+        one (a script's `torch.cuda.set_device`), else None (they stay on the CPU)."""
+        if isinstance(self.device, str) and self.device == "auto":
+            return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        return self.device
+
+    def _as_expected(self, out, device):
         """The batch's images (the first tensor, or "image") as float on `device`, normalized
         by `normalize` (mean, std in [0, 1] units, torchvision's), in `dtype` and memory format;
         the other tensors moved to `device`."""
@@ -465,9 +473,9 @@ class LarderIterableDataset(IterableDataset):
 
         def images(x):
             if x.dtype != torch.uint8:  # already float (a float field): moved, never changed in place
-                x = x.to(self.device, non_blocking=True) if self.device is not None else x.clone()
+                x = x.to(device, non_blocking=True) if device is not None else x.clone()
                 return x.to(self.dtype) if self.dtype is not None else x
-            x = to_float(x, self.device, mean, std)
+            x = to_float(x, device, mean, std)
             if self.dtype is not None:
                 x = x.to(self.dtype)
             if self.channels_last and x.dim() == 4:
@@ -475,7 +483,7 @@ class LarderIterableDataset(IterableDataset):
             return x
 
         def moved(x):
-            return x.to(self.device, non_blocking=True) if self.device is not None else x
+            return x.to(device, non_blocking=True) if device is not None else x
 
         if isinstance(out, dict):
             return {k: images(v) if k == "image" else moved(v) for k, v in out.items()}
@@ -731,37 +739,10 @@ def _dataset_name(path: str, settings: dict) -> str:
     return f"{readable}-{digest}"
 
 
-def ImageFolder(
-    root,
-    batch_size: int,
-    *,
-    train: bool = True,
-    resize: int = 256,
-    crop: int = 224,
-    crop_pct: Optional[float] = None,
-    interpolation: Optional[str] = None,
-    scale: Optional[Tuple[float, float]] = None,
-    ratio: Optional[Tuple[float, float]] = None,
-    hflip: Optional[bool] = None,
-    address: Optional[str] = None,
-    labels: Optional[str] = None,
-    **dataset_kwargs,
-) -> LarderIterableDataset:
-    """torchvision's `datasets.ImageFolder(root, transform)` as one larder line: the folder (or
-    an HDF5 file, with `labels=` its label dataset) is added as a dataset of your own (read with
-    your rights, kept across restarts: the README's "Datasets of your own"), or found among
-    yours if an earlier call added it, and streamed with the train pipeline (`train=True`: random-resized crop and
-    flip, torchvision's `RandomResizedCrop(crop)` recipe) or the eval one (the center `crop` of the
-    image resized to `resize` on its shorter side: `Resize(resize)` + `CenterCrop(crop)`). Two
-    scripts naming the same folder with the same sizes share one dataset and its cache.
-    timm's recipe: `crop_pct=0.95, interpolation="bicubic"` (the image kept at floor(crop /
-    crop_pct) on its shorter side, resampled bicubically); the train crop's `scale` and `ratio`
-    (torchvision's and timm's `--scale`/`--ratio`) and `hflip` (False: no flips). `dataset_kwargs`
-    go to LarderIterableDataset (seed, normalize, device, valid, ...). With `train=False` every
-    image comes exactly once under DDP (`even_batches=False`, so ranks may get one batch more or
-    less: right for a loop that all-reduces at the end, as pytorch/examples'), unless
-    `valid=True` asks for equal batch counts with the padding marked (timm's per-batch
-    all-reduce)."""
+def _own_folder(root, *, train, resize, crop, crop_pct, interpolation, scale, ratio, hflip, address,
+                labels) -> Tuple[str, str]:
+    """(the caller's own dataset of `root` with these settings, "images" or "hdf5"): added for
+    the caller (by uid) if no earlier call did, and waited for until the daemon serves it."""
     path = os.path.abspath(os.fspath(root))
     kind = "images" if os.path.isdir(path) else "hdf5"
     table: dict = {"kind": kind}
@@ -803,7 +784,43 @@ def ImageFolder(
             if time.monotonic() > deadline:
                 raise LarderError(f"{own} was added but is not served (see `larder datasets`)")
             time.sleep(0.1)
-    full = own
+    return own, kind
+
+
+def ImageFolder(
+    root,
+    batch_size: int,
+    *,
+    train: bool = True,
+    resize: int = 256,
+    crop: int = 224,
+    crop_pct: Optional[float] = None,
+    interpolation: Optional[str] = None,
+    scale: Optional[Tuple[float, float]] = None,
+    ratio: Optional[Tuple[float, float]] = None,
+    hflip: Optional[bool] = None,
+    address: Optional[str] = None,
+    labels: Optional[str] = None,
+    **dataset_kwargs,
+) -> LarderIterableDataset:
+    """torchvision's `datasets.ImageFolder(root, transform)` as one larder line: the folder (or
+    an HDF5 file, with `labels=` its label dataset) is added as a dataset of your own (read with
+    your rights, kept across restarts: the README's "Datasets of your own"), or found among
+    yours if an earlier call added it, and streamed with the train pipeline (`train=True`: random-resized crop and
+    flip, torchvision's `RandomResizedCrop(crop)` recipe) or the eval one (the center `crop` of the
+    image resized to `resize` on its shorter side: `Resize(resize)` + `CenterCrop(crop)`). Two
+    scripts naming the same folder with the same sizes share one dataset and its cache.
+    timm's recipe: `crop_pct=0.95, interpolation="bicubic"` (the image kept at floor(crop /
+    crop_pct) on its shorter side, resampled bicubically); the train crop's `scale` and `ratio`
+    (torchvision's and timm's `--scale`/`--ratio`) and `hflip` (False: no flips). `dataset_kwargs`
+    go to LarderIterableDataset (seed, normalize, device, valid, ...). With `train=False` every
+    image comes exactly once under DDP (`even_batches=False`, so ranks may get one batch more or
+    less: right for a loop that all-reduces at the end, as pytorch/examples'), unless
+    `valid=True` asks for equal batch counts with the padding marked (timm's per-batch
+    all-reduce)."""
+    full, kind = _own_folder(root, train=train, resize=resize, crop=crop, crop_pct=crop_pct,
+                             interpolation=interpolation, scale=scale, ratio=ratio, hflip=hflip,
+                             address=address, labels=labels)
     pipeline = "train" if train and kind == "images" else "eval"
     dataset_kwargs.setdefault("shuffle", train)
     if not train:
@@ -812,3 +829,38 @@ def ImageFolder(
         # batch counts instead, the padding marked (for loops that all-reduce every batch).
         dataset_kwargs.setdefault("even_batches", bool(dataset_kwargs.get("valid", False)))
     return LarderIterableDataset(full, batch_size, address=address, pipeline=pipeline, **dataset_kwargs)
+
+
+def DataLoader(dataset, *args, **kwargs) -> torch.utils.data.DataLoader:
+    """`torch.utils.data.DataLoader`, with its arguments, for any dataset: a larder dataset
+    (`larder.torch.datasets.ImageFolder`, or a LarderIterableDataset) gets `loader`'s (batches
+    from the daemon, no worker processes, the script's sampler's `set_epoch` followed), any
+    other torch's own DataLoader. So a script's `torch.utils.data.DataLoader(` lines become
+    `DataLoader(` after `from larder.torch import datasets, DataLoader`."""
+    from larder.datasets import ImageFolder as Folder
+
+    if not isinstance(dataset, (Folder, LarderIterableDataset)):
+        return torch.utils.data.DataLoader(dataset, *args, **kwargs)
+    import inspect
+
+    bound = inspect.signature(torch.utils.data.DataLoader.__init__).bind(None, dataset, *args, **kwargs)
+    named = dict(bound.arguments)
+    named.pop("self", None)
+    named.pop("dataset", None)
+    named.update(named.pop("kwargs", {}))
+    if isinstance(dataset, Folder):
+        # The daemon batches: the stream is made at the loader's batch size (torch's default 1).
+        batch_size = named.get("batch_size", 1)
+        if batch_size is None:
+            raise ValueError("DataLoader(batch_size=None) over a larder ImageFolder: give the batch size")
+        dataset = dataset.dataset(batch_size, drop_last=bool(named.get("drop_last", False)))
+    return loader(dataset, **named)
+
+
+def __getattr__(name: str):
+    # `from larder.torch import datasets`: the drop-in for torchvision.datasets.
+    if name == "datasets":
+        import larder.datasets
+
+        return larder.datasets
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

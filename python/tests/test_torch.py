@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
 from conftest import REPO, Daemon, quadrant_daemon, sample_ids  # noqa: E402
+import larder.torch as larder_torch  # noqa: E402
 from larder.torch import LarderIterableDataset  # noqa: E402
 
 
@@ -335,20 +336,40 @@ def test_batches_come_normalized_in_the_dtype_and_layout_asked(daemon):
         assert torch.equal(labels, y)
 
 
+def _quadrant_folders(root, counts, size=40):
+    """Image folders of 4 classes (a bright quadrant each) as PNGs: root/<split>/c<k>/<i>.png."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    for split, n in counts.items():
+        for i in range(n):
+            c = i % 4
+            y, x = divmod(c, 2)
+            h = size // 2
+            a = rng.integers(0, 60, (size, size, 3), dtype=np.uint8)
+            a[y * h:y * h + h, x * h:x * h + h] += 150
+            (root / split / f"c{c}").mkdir(parents=True, exist_ok=True)
+            Image.fromarray(a).save(root / split / f"c{c}" / f"{i}.png")
+
+
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_imagenet_shaped_example_trains_and_validates_every_image_once(tmp_path, ranks):
-    """The example in the shape of an ImageNet training script, its DataLoader arguments left as
-    such scripts have them (4 workers, a DistributedSampler under DDP): on 101 images and 2
-    ranks, validation counts exactly the 101 (not 102 with the padding that evens the ranks)."""
-    d = quadrant_daemon(tmp_path, 101)
+    """The example in the shape of pytorch/examples' ImageNet script, ported in three lines
+    (the import of `datasets`, and `DataLoader` for both loaders): its torchvision transforms,
+    DistributedSamplers and DataLoader arguments (4 workers) as the script has them. On 101 val
+    images and 2 ranks, validation counts exactly the 101 (not 102 with the padding that evens
+    the ranks)."""
+    _quadrant_folders(tmp_path / "data", {"train": 101, "val": 101})
+    d = Daemon(tmp_path, "")
     launcher = [sys.executable]
     if ranks > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
     try:
         out = subprocess.run(
-            launcher + [str(REPO / "python" / "examples" / "imagenet_train.py"), "--address", d.unix,
-                        "--train", "quad", "--val", "quad", "--epochs", "3", "-b", "16", "--classes", "4",
-                        "--lr", "0.05", "--train-pipeline", "eval"],
+            launcher + [str(REPO / "python" / "examples" / "imagenet_train.py"), str(tmp_path / "data"),
+                        "--address", d.unix, "--epochs", "3", "-b", "16", "--classes", "4",
+                        "--lr", "0.05", "--crop", "32", "--resize", "36"],
             capture_output=True, text=True, timeout=300)
     finally:
         d.stop()
@@ -361,7 +382,7 @@ def test_imagenet_shaped_example_trains_and_validates_every_image_once(tmp_path,
     trained = re.findall(r"rank (\d+) epoch 0: train .*? \((\d+) samples", out.stdout)
     assert sorted(int(n) for _, n in trained) == ([101] if ranks == 1 else [51, 51]), out.stdout
     # Each rank's own view of its input each epoch (a small model on a few images: any verdict).
-    stats = re.findall(r"rank (\d+) epoch (\d+): InputStats\((\S+) on quad: (\S+), waited", out.stdout)
+    stats = re.findall(r"rank (\d+) epoch (\d+): InputStats\((\S+) on (\S+): (\S+), waited", out.stdout)
     assert len(stats) == 3 * ranks and all(v in ("input-bound", "balanced", "compute-bound", "starting")
                                            for *_, v in stats), out.stdout
 
@@ -372,18 +393,7 @@ def test_timm_recipe_trains_through_timms_prefetcher_with_mixup_and_validates_ex
     timm's PrefetchLoader and Mixup, the last partial batch dropped as timm does; validation over
     exactly the val images on 1 and 2 ranks."""
     pytest.importorskip("timm")
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(1)
-    for split, n in (("train", 100), ("val", 41)):
-        for i in range(n):
-            c = i % 4
-            y, x = divmod(c, 2)
-            a = rng.integers(0, 60, (40, 40, 3), dtype=np.uint8)
-            a[y * 20:y * 20 + 20, x * 20:x * 20 + 20] += 150
-            (tmp_path / split / f"c{c}").mkdir(parents=True, exist_ok=True)
-            Image.fromarray(a).save(tmp_path / split / f"c{c}" / f"{i}.png")
+    _quadrant_folders(tmp_path, {"train": 100, "val": 41})
     d = Daemon(tmp_path, "")
     launcher = [sys.executable]
     if ranks > 1:
@@ -500,3 +510,85 @@ def test_lightning_callback_logs_each_epochs_input_stats(daemon, caplog):
     lines = [r.getMessage() for r in caplog.records if "InputStats(" in r.getMessage()]
     assert [line.split(",")[0] for line in lines] == ["larder: epoch 0", "larder: epoch 1"], lines
     assert "larder/wait_ratio" in trainer.callback_metrics and "larder/input_bound" in trainer.callback_metrics
+
+
+def test_torchvision_transforms_are_read_as_larders_pipelines():
+    """The transforms of pytorch/examples' script (v1) and of a v2 script, read as the daemon's
+    pipelines; what the daemon does not do is refused with where it goes instead."""
+    T = pytest.importorskip("torchvision.transforms")
+    from larder.datasets import recipe
+
+    normalize = T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    train = recipe(T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), normalize]))
+    assert train.folder_kwargs() == {
+        "train": True, "crop": 224, "scale": (0.08, 1.0), "ratio": (3 / 4, 4 / 3), "hflip": True,
+        "interpolation": "bilinear", "dtype": torch.float32, "device": "auto",
+        "normalize": ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])}
+    val = recipe(T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), normalize]))
+    assert val.folder_kwargs() == {
+        "train": False, "crop": 224, "resize": 256, "interpolation": "bilinear", "dtype": torch.float32,
+        "device": "auto", "normalize": ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])}
+    # timm's eval recipe (bicubic, crop_pct 0.95 -> Resize(235)), uint8 kept as it comes.
+    timm_val = recipe(T.Compose([T.Resize(235, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(224),
+                                 T.PILToTensor()]))
+    assert timm_val.folder_kwargs() == {"train": False, "crop": 224, "resize": 235, "interpolation": "bicubic"}
+    v2 = pytest.importorskip("torchvision.transforms.v2")
+    train2 = recipe(v2.Compose([v2.RandomResizedCrop(176, scale=(0.25, 1)), v2.RandomHorizontalFlip(),
+                                v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]))
+    assert train2.folder_kwargs()["crop"] == 176 and train2.folder_kwargs()["scale"] == (0.25, 1.0)
+    assert train2.folder_kwargs()["dtype"] == torch.float32 and "normalize" not in train2.folder_kwargs()
+
+    for bad, said in [
+        (T.Compose([T.RandomResizedCrop(224), T.ColorJitter(0.4), T.ToTensor()]), "ColorJitter.*on the GPU"),
+        (T.Compose([T.Resize(256), T.CenterCrop(224)]), "PIL images"),
+        (None, "PIL images"),
+        (T.Compose([T.CenterCrop(224), T.ToTensor()]), "Resize"),
+        (T.Compose([T.Resize((256, 320)), T.CenterCrop(224), T.ToTensor()]), "square|aspect"),
+        (T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(p=0.3), T.ToTensor()]), "p=0.5"),
+        (T.Compose([T.ToTensor(), T.RandomResizedCrop(224)]), "after ToTensor"),
+    ]:
+        with pytest.raises(ValueError, match=said):
+            recipe(bad)
+
+
+def test_ported_datasets_and_dataloader_serve_the_script_its_own_recipe(tmp_path, caplog):
+    """`from larder.torch import datasets, DataLoader`: ImageFolder with the script's eval
+    transforms and DataLoader with the script's arguments (4 workers, shuffle=False) give float
+    batches normalized as torchvision's Normalize would the daemon's eval crop, every image
+    once; len() is images and classes are the folder's; other datasets are torchvision's and
+    load through torch's own DataLoader; torch's DataLoader over a larder folder says what to do."""
+    import logging
+
+    T = pytest.importorskip("torchvision.transforms")
+    from larder.torch import DataLoader as LarderLoader, datasets
+
+    _quadrant_folders(tmp_path / "data", {"val": 37})
+    d = Daemon(tmp_path, "")
+    try:
+        import os
+
+        os.environ["LARDER_ADDR"] = d.unix
+        mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+        val = datasets.ImageFolder(str(tmp_path / "data" / "val"), T.Compose(
+            [T.Resize(36), T.CenterCrop(32), T.ToTensor(), T.Normalize(mean=mean, std=std)]))
+        assert len(val) == 37 and val.classes == ["c0", "c1", "c2", "c3"] and val.class_to_idx["c3"] == 3
+        with caplog.at_level(logging.INFO, logger="larder"):
+            loader = LarderLoader(val, batch_size=8, shuffle=False, num_workers=4, pin_memory=False)
+        assert any("num_workers=4" in r.getMessage() for r in caplog.records)
+        assert len(loader.dataset) == 37 and len(loader) == 5
+        plain = larder_torch.ImageFolder(str(tmp_path / "data" / "val"), 8, train=False, resize=36, crop=32)
+        seen = 0
+        for (x, y), (raw, labels) in zip(loader, DataLoader(plain, batch_size=None)):
+            assert x.dtype == torch.float32 and x.shape[1:] == (3, 32, 32)
+            expect = (raw.float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+            assert torch.allclose(x, expect, atol=1e-5) and torch.equal(y, labels)
+            seen += len(y)
+        assert seen == 37
+        with pytest.raises(TypeError, match="larder.torch.DataLoader"):
+            next(iter(DataLoader(val, batch_size=8)))
+        fake = datasets.FakeData(10, (3, 8, 8), 2, T.ToTensor())
+        other = LarderLoader(fake, batch_size=5)
+        assert type(other) is DataLoader and next(iter(other))[0].shape == (5, 3, 8, 8)
+    finally:
+        os.environ.pop("LARDER_ADDR", None)
+        d.stop()
