@@ -120,7 +120,11 @@ def recipe(transform) -> Recipe:
         elif name in ("PILToTensor", "ToImage"):
             r.tensor = "uint8"
         elif name in ("ConvertImageDtype", "ToDtype"):
-            dtype = t.dtype if not isinstance(t.dtype, dict) else t.dtype.get(torch.Tensor, None)
+            dtype = t.dtype
+            if isinstance(dtype, dict):  # v2: per type; an image's, else a plain tensor's, else "others"
+                from torchvision import tv_tensors
+
+                dtype = next((dtype[k] for k in (tv_tensors.Image, torch.Tensor, "others") if k in dtype), None)
             if dtype == torch.float32 and (name == "ConvertImageDtype" or getattr(t, "scale", False)):
                 r.tensor = "float"
             elif dtype != torch.uint8:
@@ -139,6 +143,8 @@ def recipe(transform) -> Recipe:
         raise ValueError("the transform gives PIL images; larder gives tensors: end it with ToTensor() "
                          "(float in [0, 1]) or PILToTensor() (uint8)")
     if r.train:
+        if r.hflip is None:
+            r.hflip = False  # no RandomHorizontalFlip: no flips (the daemon's own default flips)
         if r.resize is not None or "CenterCrop" in seen:
             raise ValueError("RandomResizedCrop with Resize or CenterCrop: larder's train pipeline is "
                              "the random-resized crop (and flip) alone")
@@ -185,6 +191,8 @@ class ImageFolder(torch.utils.data.Dataset):
                 raise ValueError(f"ImageFolder({name}=...): larder reads the folder itself; apply it to "
                                  "each batch in the loop")
         self.root = os.fspath(root)
+        if not os.path.isdir(self.root):
+            raise FileNotFoundError(f"Couldn't find the image folder {self.root}")
         self.transform = transform
         self.recipe = recipe(transform)
         self.address = address
@@ -192,22 +200,27 @@ class ImageFolder(torch.utils.data.Dataset):
         from larder.torch import _own_folder
 
         kw = self.recipe.folder_kwargs()
-        self.name, _ = _own_folder(self.root, train=kw["train"], resize=kw.get("resize", 256), crop=kw["crop"],
+        # The train crop is cut from the image kept at 256 on its shorter side (the README's
+        # "random-resized boxes"), or at the crop when that is larger.
+        kept = kw.get("resize", max(256, kw["crop"]))
+        self.name, _ = _own_folder(self.root, train=kw["train"], resize=kept, crop=kw["crop"],
                                    crop_pct=None, interpolation=kw.get("interpolation"), scale=kw.get("scale"),
                                    ratio=kw.get("ratio"), hflip=kw.get("hflip"), address=address, labels=None)
         self._len: Optional[int] = None
         self._classes: Optional[List[str]] = None
 
-    def dataset(self, batch_size: int, drop_last: bool = False):
-        """The LarderIterableDataset that streams this folder in batches of `batch_size`."""
+    def stream(self, batch_size: int, shuffle: bool, drop_last: bool = False):
+        """The LarderIterableDataset that streams this folder in batches of `batch_size`,
+        shuffled or not as the loader asked (its `shuffle`, or its sampler's)."""
         from larder.torch import LarderIterableDataset
 
         kw = self.recipe.folder_kwargs()
         args = dict(self.larder)
-        args.setdefault("shuffle", kw["train"])
+        args.setdefault("shuffle", shuffle)
         args.setdefault("drop_last", drop_last)
-        if not kw["train"]:
-            # Every image exactly once (see larder.torch.ImageFolder).
+        if not args["shuffle"]:
+            # Evaluation: every image exactly once (see larder.torch.ImageFolder); a shuffled
+            # (training) stream keeps even batch counts, so DDP's all-reduce never waits.
             args.setdefault("even_batches", bool(args.get("valid", False)))
         for name in ("normalize", "device", "dtype"):
             if name in kw:
@@ -244,6 +257,10 @@ class ImageFolder(torch.utils.data.Dataset):
 
 def __getattr__(name: str):
     """Every other dataset (FakeData, CIFAR10, ...) is torchvision's own."""
-    import torchvision.datasets
-
+    if name.startswith("__"):  # module machinery (__path__, ...): this is a module, not a package
+        raise AttributeError(name)
+    try:
+        import torchvision.datasets
+    except ImportError as e:
+        raise AttributeError(f"larder.datasets.{name} is torchvision's, and torchvision is not installed") from e
     return getattr(torchvision.datasets, name)

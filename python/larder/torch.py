@@ -595,6 +595,9 @@ class _Sizes(IterableDataset):
     def __init__(self, ds: "LarderIterableDataset"):
         super().__init__()
         self.ds = ds
+        # The dataset the script made, when it was not `ds` itself (a larder.datasets
+        # ImageFolder): its attributes (classes, root, ...) come first.
+        self.origin = None
         self._len: Optional[int] = None
 
     def __iter__(self):
@@ -606,8 +609,10 @@ class _Sizes(IterableDataset):
         return self._len
 
     def __getattr__(self, name):
-        if name == "ds":
+        if name in ("ds", "origin") or name.startswith("__"):
             raise AttributeError(name)
+        if self.origin is not None and hasattr(self.origin, name):
+            return getattr(self.origin, name)
         return getattr(self.ds, name)
 
 
@@ -836,10 +841,10 @@ def DataLoader(dataset, *args, **kwargs) -> torch.utils.data.DataLoader:
     (`larder.torch.datasets.ImageFolder`, or a LarderIterableDataset) gets `loader`'s (batches
     from the daemon, no worker processes, the script's sampler's `set_epoch` followed), any
     other torch's own DataLoader. So a script's `torch.utils.data.DataLoader(` lines become
-    `DataLoader(` after `from larder.torch import datasets, DataLoader`."""
-    from larder.datasets import ImageFolder as Folder
-
-    if not isinstance(dataset, (Folder, LarderIterableDataset)):
+    `DataLoader(` after `from larder.torch import datasets, DataLoader`. A larder ImageFolder
+    is shuffled when the loader asks for it (`shuffle=True`, or a sampler whose `shuffle` is
+    true, as `DistributedSampler`'s is by default), else served in order, every image once."""
+    if not isinstance(dataset, (datasets.ImageFolder, LarderIterableDataset)):
         return torch.utils.data.DataLoader(dataset, *args, **kwargs)
     import inspect
 
@@ -848,19 +853,25 @@ def DataLoader(dataset, *args, **kwargs) -> torch.utils.data.DataLoader:
     named.pop("self", None)
     named.pop("dataset", None)
     named.update(named.pop("kwargs", {}))
-    if isinstance(dataset, Folder):
+    if isinstance(dataset, datasets.ImageFolder):
+        folder = dataset
         # The daemon batches: the stream is made at the loader's batch size (torch's default 1).
         batch_size = named.get("batch_size", 1)
         if batch_size is None:
             raise ValueError("DataLoader(batch_size=None) over a larder ImageFolder: give the batch size")
-        dataset = dataset.dataset(batch_size, drop_last=bool(named.get("drop_last", False)))
+        sampler = named.get("sampler")
+        shuffle = named.get("shuffle")
+        if not shuffle and sampler is not None:
+            shuffle = getattr(sampler, "shuffle", type(sampler).__name__ == "RandomSampler")
+        dataset = folder.stream(batch_size, shuffle=bool(shuffle), drop_last=bool(named.get("drop_last", False)))
+        made = loader(dataset, **named)
+        made.dataset.origin = folder  # `loader.dataset.classes` and the like, as torchvision's
+        return made
     return loader(dataset, **named)
 
 
-def __getattr__(name: str):
-    # `from larder.torch import datasets`: the drop-in for torchvision.datasets.
-    if name == "datasets":
-        import larder.datasets
+# `from larder.torch import datasets` (and `import larder.torch.datasets`): the drop-in for
+# torchvision.datasets.
+from larder import datasets  # noqa: E402
 
-        return larder.datasets
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+sys.modules[__name__ + ".datasets"] = datasets

@@ -537,6 +537,13 @@ def test_torchvision_transforms_are_read_as_larders_pipelines():
                                 v2.ToImage(), v2.ToDtype(torch.float32, scale=True)]))
     assert train2.folder_kwargs()["crop"] == 176 and train2.folder_kwargs()["scale"] == (0.25, 1.0)
     assert train2.folder_kwargs()["dtype"] == torch.float32 and "normalize" not in train2.folder_kwargs()
+    # No RandomHorizontalFlip: no flips (the daemon's train pipeline flips by default).
+    assert recipe(T.Compose([T.RandomResizedCrop(224), T.ToTensor()])).folder_kwargs()["hflip"] is False
+    from torchvision import tv_tensors
+
+    per_type = recipe(v2.Compose([v2.Resize(256), v2.CenterCrop(224), v2.ToImage(),
+                                  v2.ToDtype({tv_tensors.Image: torch.float32, "others": None}, scale=True)]))
+    assert per_type.folder_kwargs()["dtype"] == torch.float32
 
     for bad, said in [
         (T.Compose([T.RandomResizedCrop(224), T.ColorJitter(0.4), T.ToTensor()]), "ColorJitter.*on the GPU"),
@@ -586,9 +593,104 @@ def test_ported_datasets_and_dataloader_serve_the_script_its_own_recipe(tmp_path
         assert seen == 37
         with pytest.raises(TypeError, match="larder.torch.DataLoader"):
             next(iter(DataLoader(val, batch_size=8)))
+        # The script's names for its loader's dataset, as torchvision's ImageFolder has them.
+        assert loader.dataset.classes == val.classes and loader.dataset.root == val.root
+        # The loader decides the order: an eval transform under shuffle=True (a linear probe's
+        # training set) is shuffled, with even batch counts for DDP; a sampler's shuffle counts.
+        shuffled = LarderLoader(val, batch_size=8, shuffle=True)
+        assert shuffled.dataset.ds.shuffle and shuffled.dataset.ds.even_batches
+        from torch.utils.data.distributed import DistributedSampler
+
+        by_sampler = LarderLoader(val, batch_size=8, sampler=DistributedSampler(val, num_replicas=2, rank=0))
+        assert by_sampler.dataset.ds.shuffle
+        assert not loader.dataset.ds.shuffle and not loader.dataset.ds.even_batches
+        with pytest.raises(FileNotFoundError):
+            datasets.ImageFolder(str(tmp_path / "nowhere"), T.Compose([T.Resize(36), T.CenterCrop(32), T.ToTensor()]))
         fake = datasets.FakeData(10, (3, 8, 8), 2, T.ToTensor())
         other = LarderLoader(fake, batch_size=5)
         assert type(other) is DataLoader and next(iter(other))[0].shape == (5, 3, 8, 8)
     finally:
         os.environ.pop("LARDER_ADDR", None)
         d.stop()
+
+
+def test_larder_torch_needs_no_torchvision():
+    """Without torchvision, larder.torch and its DataLoader still work for other datasets;
+    torchvision's names say what is missing."""
+    code = (
+        "import sys; sys.modules['torchvision'] = None\n"
+        "import larder.torch as lt\n"
+        "from larder.torch import DataLoader, datasets\n"
+        "import larder.torch.datasets\n"
+        "assert next(iter(DataLoader([1, 2, 3], batch_size=2))).tolist() == [1, 2]\n"
+        "try:\n"
+        "    datasets.FakeData\n"
+        "except AttributeError as e:\n"
+        "    assert 'torchvision is not installed' in str(e), e\n"
+        "else:\n"
+        "    raise SystemExit('FakeData without torchvision')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYTHONPATH": str(REPO / "python")})
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_timm_train_py_shaped_script_ported_in_one_line(tmp_path, ranks):
+    """A script in the shape of timm's train.py (create_dataset / create_loader with its own
+    arguments and defaults: colour jitter 0.4, random interpolation; mixup as FastCollateMixup
+    under the prefetcher; random erasing), ported by one added import: whole train batches of
+    float images on the device with soft targets, every rank as many val batches (timm's
+    per-batch all-reduce), the val images padded to equal shares as timm's own sampler does."""
+    pytest.importorskip("timm")
+    _quadrant_folders(tmp_path, {"train": 100, "val": 41})
+    d = Daemon(tmp_path, "")
+    launcher = [sys.executable]
+    if ranks > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
+    try:
+        out = subprocess.run(
+            launcher + [str(REPO / "python" / "examples" / "timm_port.py"), "--data-dir", str(tmp_path),
+                        "--model", "test_resnet", "--img-size", "32", "--num-classes", "4", "-b", "8",
+                        "--epochs", "2", "--mixup", "0.8", "--cutmix", "1.0", "--reprob", "0.25"],
+            capture_output=True, text=True, timeout=300,
+            env={**__import__("os").environ, "LARDER_ADDR": d.unix, "PYTHONPATH": str(REPO / "python")})
+    finally:
+        d.stop()
+    assert out.returncode == 0, out.stderr[:4000] + "\n[...]\n" + out.stderr[-2000:]
+    assert "served bilinear" in out.stderr  # timm's 'random' interpolation, said
+    trained = re.findall(r"rank (\d+) epoch (\d+): train loss (\S+) \((\d+) samples, (\d+) batches of (\d+); (.*)\)",
+                         out.stdout)
+    assert len(trained) == 2 * ranks, out.stdout
+    per_rank = 100 // (8 * ranks) * 8
+    for _, _, loss, samples, batches, planned, shapes in trained:
+        assert int(samples) == per_rank and int(batches) == int(planned) == per_rank // 8, out.stdout
+        assert shapes == "[((3, 32, 32), 'torch.float32', (4,))]", shapes  # soft targets: mixed
+        assert float(loss) == float(loss)
+    vals = re.findall(r"rank (\d+) epoch (\d+): val top-1 (\S+) over (\d+) samples in (\d+) batches", out.stdout)
+    assert len(vals) == 2 * ranks, out.stdout
+    share = -(-41 // ranks)
+    assert all(int(n) == share and int(b) == -(-share // 8) for *_, n, b in vals), out.stdout
+
+
+def test_colour_jitter_on_the_device_is_torchvisions_per_sample():
+    """larder.timm.color_jitter with given factors and order equals torchvision's
+    adjust_brightness / adjust_contrast / adjust_saturation applied per sample in that order;
+    drawn, each factor lies in [1 - s, 1 + s]."""
+    F = pytest.importorskip("torchvision.transforms.functional")
+    from larder.timm import color_jitter
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(4, 3, 9, 7, generator=g)
+    factors = torch.tensor([[0.7, 1.3, 0.9], [1.2, 0.6, 1.4], [1.0, 1.0, 0.0], [1.4, 1.4, 1.4]])
+    order = torch.tensor([[0, 1, 2], [2, 1, 0], [1, 2, 0], [2, 0, 1]])
+    got = color_jitter(x.clone(), (0.4, 0.4, 0.4), factors=factors, order=order)
+    ops = [F.adjust_brightness, F.adjust_contrast, F.adjust_saturation]
+    for i in range(4):
+        want = x[i]
+        for k in order[i].tolist():
+            want = ops[k](want, float(factors[i, k]))
+        assert torch.allclose(got[i], want, atol=1e-5), i
+    # Drawn: brightness alone moves a mid-grey image by at most 40%, and not all alike.
+    drawn = color_jitter(torch.full((64, 3, 2, 2), 128.0), (0.4, 0.0, 0.0), scale=255.0)
+    assert drawn.min() >= 128 * 0.6 - 1e-3 and drawn.max() <= 128 * 1.4 + 1e-3 and drawn.std() > 5
