@@ -111,6 +111,8 @@ def main():
     p.add_argument("--images", type=int, default=1500)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--before", default=None,
+                   help="another larderd binary (a build before a change): its cold epoch too, taking turns")
     args = p.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="larder-images-"))
     folder = tmp / "photos"
@@ -137,9 +139,20 @@ def main():
     def add(name, rate):
         rows.setdefault(name, []).append(rate)
 
+    def cold_before(r):
+        d = Larderd(args.before, tmp, f"before{r}", folder, budget)
+        try:
+            ds = LarderIterableDataset("pics", BATCH, address=d.address, seed=1)
+            add("larder cold epoch, the build before", epoch_rate(DataLoader(ds, batch_size=None, num_workers=0)))
+        finally:
+            d.stop()
+        shutil.rmtree(d.dir)
+
     for r in range(args.rounds):
         for name, loader in torchvision.items():
             add(name, epoch_rate(loader))
+        if args.before and r % 2 == 0:
+            cold_before(r)
         # Cold: one epoch through a fresh daemon, everything decoded on the way; then warm ones.
         d = Larderd(args.larderd, tmp, f"cold{r}", folder, budget)
         try:
@@ -153,6 +166,8 @@ def main():
         finally:
             d.stop()
         shutil.rmtree(d.dir)
+        if args.before and r % 2 == 1:
+            cold_before(r)
         d = Larderd(args.larderd, tmp, f"warm{r}", folder, budget)
         try:
             t = time.perf_counter()

@@ -659,8 +659,9 @@ def test_timm_train_py_shaped_script_ported_in_one_line(tmp_path, ranks):
         d.stop()
     assert out.returncode == 0, out.stderr[:4000] + "\n[...]\n" + out.stderr[-2000:]
     assert "served bilinear" in out.stderr  # timm's 'random' interpolation, said
-    trained = re.findall(r"rank (\d+) epoch (\d+): train loss (\S+) \((\d+) samples, (\d+) batches of (\d+); (.*)\)",
-                         out.stdout)
+    # (torchrun interleaves the ranks' lines: every pattern stops at its own end)
+    trained = re.findall(r"rank (\d+) epoch (\d+): train loss (\S+) \((\d+) samples, (\d+) batches of (\d+); "
+                         r"(\[.*?\])\)", out.stdout)
     assert len(trained) == 2 * ranks, out.stdout
     per_rank = 100 // (8 * ranks) * 8
     for _, _, loss, samples, batches, planned, shapes in trained:
