@@ -14,9 +14,10 @@ For each sample shape it writes one HDF5 file (uint8 images [N, ...] and int64 l
   - larder shm: Client.stream(transport="shm"), batches in shared memory, one process;
   - larder torch (the recommended setup): DataLoader(LarderIterableDataset(...),
     batch_size=None, num_workers=0), shared memory and a prefetch thread;
-  - larder.torch.loader: a port that keeps its script's DataLoader arguments
-    (larder.torch.loader(ds, batch_size=128, shuffle=True, num_workers=4,
-    persistent_workers=True)), which starts no workers;
+  - larder.torch.DataLoader: a port that keeps its script's DataLoader arguments, as the
+    three-line port of pytorch/examples' main.py does (DataLoader(ds, batch_size=128,
+    shuffle=True, num_workers=4, pin_memory=True, persistent_workers=True) after
+    `from larder.torch import datasets, DataLoader`), which starts no workers;
   - larder torch x2: the same dataset through DataLoader(num_workers=2) (workers pickle every
     batch to the training process);
   - memcpy: a single-thread copy of the same bytes, the ceiling of any delivery.
@@ -48,7 +49,7 @@ import grpc
 
 import larder
 from larder.torch import LarderIterableDataset
-from larder.torch import loader as larder_loader
+from larder.torch import DataLoader as LarderDataLoader
 from larder.v1 import larder_pb2 as pb
 from larder.v1.larder_pb2_grpc import LarderStub
 
@@ -288,11 +289,11 @@ def main():
             torch_loader = DataLoader(torch_ds, batch_size=None, num_workers=0)
 
             recommended = timed_epochs(args.epochs, counted(lambda e: torch_loader))
-            # A port that keeps the script's DataLoader arguments: larder.torch.loader with 4
+            # A port that keeps the script's DataLoader arguments: larder.torch.DataLoader with 4
             # workers, shuffle and pinned memory asked for (it starts no workers).
             port_ds = LarderIterableDataset("d", BATCH, address=addr, seed=1)
-            port = larder_loader(port_ds, batch_size=BATCH, shuffle=True, num_workers=4,
-                                 persistent_workers=True)
+            port = LarderDataLoader(port_ds, batch_size=BATCH, shuffle=True, num_workers=4, pin_memory=True,
+                                    persistent_workers=True)
             ported = timed_epochs(args.epochs, counted(lambda e: port))
         finally:
             daemon.terminate()
@@ -313,7 +314,7 @@ def main():
                                   memcpy]))
         path.unlink()
     names = ["baseline h5py DataLoader x2", "larder bytes, the client before", "larder bytes",
-             "larder shm", "larder torch (recommended)", "larder.torch.loader, a port's 4 workers",
+             "larder shm", "larder torch (recommended)", "larder.torch.DataLoader, a port's 4 workers",
              "larder torch x2 workers", "memcpy 1 thread"]
     print("\nsamples/s, GB/s, and the ratio to the baseline of the same run (median of "
           f"{args.epochs} epochs each)")
