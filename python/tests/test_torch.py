@@ -353,6 +353,26 @@ def _quadrant_folders(root, counts, size=40):
             Image.fromarray(a).save(root / split / f"c{c}" / f"{i}.png")
 
 
+def _run_example(tmp_path, ranks: int, script: str, *args: str, env=None) -> subprocess.CompletedProcess:
+    """python/examples/`script` with `args` against a fresh daemon (on $LARDER_ADDR too), in one
+    process or under torchrun with `ranks` ranks; asserts it succeeded, showing the first error
+    (a rank that failed, which the launcher's own report follows) and the end."""
+    import os
+
+    d = Daemon(tmp_path, "")
+    launcher = [sys.executable]
+    if ranks > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
+    try:
+        out = subprocess.run(
+            launcher + [str(REPO / "python" / "examples" / script), *args], capture_output=True, text=True,
+            timeout=300, env={**os.environ, "LARDER_ADDR": d.unix, **(env or {})})
+    finally:
+        d.stop()
+    assert out.returncode == 0, out.stderr[:4000] + "\n[...]\n" + out.stderr[-2000:]
+    return out
+
+
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_imagenet_shaped_example_trains_and_validates_every_image_once(tmp_path, ranks):
     """The example in the shape of pytorch/examples' ImageNet script, ported in three lines
@@ -361,19 +381,8 @@ def test_imagenet_shaped_example_trains_and_validates_every_image_once(tmp_path,
     images and 2 ranks, validation counts exactly the 101 (not 102 with the padding that evens
     the ranks)."""
     _quadrant_folders(tmp_path / "data", {"train": 101, "val": 101})
-    d = Daemon(tmp_path, "")
-    launcher = [sys.executable]
-    if ranks > 1:
-        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
-    try:
-        out = subprocess.run(
-            launcher + [str(REPO / "python" / "examples" / "imagenet_train.py"), str(tmp_path / "data"),
-                        "--address", d.unix, "--epochs", "3", "-b", "16", "--classes", "4",
-                        "--lr", "0.05", "--crop", "32", "--resize", "36"],
-            capture_output=True, text=True, timeout=300)
-    finally:
-        d.stop()
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = _run_example(tmp_path, ranks, "imagenet_train.py", str(tmp_path / "data"), "--epochs", "3", "-b", "16",
+                       "--classes", "4", "--lr", "0.05", "--crop", "32", "--resize", "36")
     vals = re.findall(r"epoch (\d+): val Acc@1 (\S+) Acc@5 (\S+) over (\d+) images \(the dataset has (\d+)\)",
                       out.stdout)
     assert [v[0] for v in vals] == ["0", "1", "2"], out.stdout
@@ -394,20 +403,9 @@ def test_timm_recipe_trains_through_timms_prefetcher_with_mixup_and_validates_ex
     exactly the val images on 1 and 2 ranks."""
     pytest.importorskip("timm")
     _quadrant_folders(tmp_path, {"train": 100, "val": 41})
-    d = Daemon(tmp_path, "")
-    launcher = [sys.executable]
-    if ranks > 1:
-        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
-    try:
-        out = subprocess.run(
-            launcher + [str(REPO / "python" / "examples" / "timm_train.py"), "--address", d.unix, "--folder",
-                        "--train", str(tmp_path / "train"), "--val", str(tmp_path / "val"), "--model", "test_resnet",
-                        "--img-size", "32", "--classes", "4", "-b", "8", "--epochs", "2"],
-            capture_output=True, text=True, timeout=300)
-    finally:
-        d.stop()
-    # The first error (a rank that failed, which the launcher's own report follows) and the end.
-    assert out.returncode == 0, out.stderr[:4000] + "\n[...]\n" + out.stderr[-2000:]
+    out = _run_example(tmp_path, ranks, "timm_train.py", "--folder", "--train", str(tmp_path / "train"),
+                       "--val", str(tmp_path / "val"), "--model", "test_resnet", "--img-size", "32", "--classes", "4",
+                       "-b", "8", "--epochs", "2")
     vals = re.findall(r"epoch (\d+): val top-1 (\S+) over (\d+) images \(the dataset has (\d+)\)", out.stdout)
     assert [v[0] for v in vals] == ["0", "1"] and all(v[2] == v[3] == "41" for v in vals), out.stdout
     trained = re.findall(r"rank (\d+) epoch (\d+): train loss (\S+) \((\d+) samples\)", out.stdout)
@@ -644,20 +642,9 @@ def test_timm_train_py_shaped_script_ported_in_one_line(tmp_path, ranks):
     per-batch all-reduce), the val images padded to equal shares as timm's own sampler does."""
     pytest.importorskip("timm")
     _quadrant_folders(tmp_path, {"train": 100, "val": 41})
-    d = Daemon(tmp_path, "")
-    launcher = [sys.executable]
-    if ranks > 1:
-        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
-    try:
-        out = subprocess.run(
-            launcher + [str(REPO / "python" / "examples" / "timm_port.py"), "--data-dir", str(tmp_path),
-                        "--model", "test_resnet", "--img-size", "32", "--num-classes", "4", "-b", "8",
-                        "--epochs", "2", "--mixup", "0.8", "--cutmix", "1.0", "--reprob", "0.25"],
-            capture_output=True, text=True, timeout=300,
-            env={**__import__("os").environ, "LARDER_ADDR": d.unix, "PYTHONPATH": str(REPO / "python")})
-    finally:
-        d.stop()
-    assert out.returncode == 0, out.stderr[:4000] + "\n[...]\n" + out.stderr[-2000:]
+    out = _run_example(tmp_path, ranks, "timm_port.py", "--data-dir", str(tmp_path), "--model", "test_resnet",
+                       "--img-size", "32", "--num-classes", "4", "-b", "8", "--epochs", "2", "--mixup", "0.8",
+                       "--cutmix", "1.0", "--reprob", "0.25", env={"PYTHONPATH": str(REPO / "python")})
     assert "served bilinear" in out.stderr  # timm's 'random' interpolation, said
     # (torchrun interleaves the ranks' lines: every pattern stops at its own end)
     trained = re.findall(r"rank (\d+) epoch (\d+): train loss (\S+) \((\d+) samples, (\d+) batches of (\d+); "
