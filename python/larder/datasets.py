@@ -37,7 +37,6 @@ class Recipe:
         self.train = False
         self.crop: Optional[int] = None
         self.resize: Optional[int] = None
-        self.max_size: Optional[int] = None
         self.scale: Optional[Tuple[float, float]] = None
         self.ratio: Optional[Tuple[float, float]] = None
         self.hflip: Optional[bool] = None
@@ -64,6 +63,11 @@ class Recipe:
 
     def __repr__(self) -> str:
         return f"Recipe({self.folder_kwargs()})"
+
+
+def class_names(root: str) -> List[str]:
+    """The class subfolders of an image folder, in label order (torchvision's: sorted)."""
+    return sorted(e.name for e in os.scandir(root) if e.is_dir())
 
 
 def _square(size, what: str) -> int:
@@ -203,8 +207,8 @@ class ImageFolder(torch.utils.data.Dataset):
         # The train crop is cut from the image kept at 256 on its shorter side (the README's
         # "random-resized boxes"), or at the crop when that is larger.
         kept = kw.get("resize", max(256, kw["crop"]))
-        self.name, _ = _own_folder(self.root, train=kw["train"], resize=kept, crop=kw["crop"],
-                                   crop_pct=None, interpolation=kw.get("interpolation"), scale=kw.get("scale"),
+        self.name, _ = _own_folder(self.root, resize=kept, crop=kw["crop"], crop_pct=None,
+                                   interpolation=kw.get("interpolation"), scale=kw.get("scale"),
                                    ratio=kw.get("ratio"), hflip=kw.get("hflip"), address=address, labels=None)
         self._len: Optional[int] = None
         self._classes: Optional[List[str]] = None
@@ -239,7 +243,7 @@ class ImageFolder(torch.utils.data.Dataset):
     @property
     def classes(self) -> List[str]:
         if self._classes is None:
-            self._classes = sorted(e.name for e in os.scandir(self.root) if e.is_dir())
+            self._classes = class_names(self.root)
         return self._classes
 
     @property

@@ -60,7 +60,9 @@ class ImageFolder:
     @property
     def classes(self):
         if self._classes is None:
-            self._classes = sorted(e.name for e in os.scandir(self.root) if e.is_dir())
+            from larder.datasets import class_names
+
+            self._classes = class_names(self.root)
         return self._classes
 
     def __len__(self) -> int:
@@ -227,18 +229,16 @@ def create_loader(dataset, input_size, batch_size: int, is_training: bool = Fals
     if collate_fn is not None and mixup is None:
         _refuse("collate_fn=...", "batches come collated from the daemon; mix them on the device (timm's Mixup)")
 
-    if augment:
-        folder = dict(train=True, crop=size, resize=max(256, size), scale=scale, ratio=ratio,
-                      hflip=hflip == 0.5, interpolation=interpolation)
+    # The size the images are kept at, on their shorter side.
+    if augment:  # 256, or the crop when larger: random-resized boxes are cut from it
+        resize, kept_pct = max(256, size), None
     elif is_training:  # no_aug: timm resizes the shorter side to the size and cuts its center
-        folder = dict(train=False, crop=size, resize=size, interpolation=interpolation)
-    else:
-        folder = dict(train=False, crop=size, crop_pct=crop_pct if crop_pct is not None else 0.875,
-                      interpolation=interpolation)
-    name, _ = lt._own_folder(dataset.root, train=folder["train"], resize=folder.get("resize", 256),
-                             crop=size, crop_pct=folder.get("crop_pct"), interpolation=interpolation,
-                             scale=folder.get("scale"), ratio=folder.get("ratio"), hflip=folder.get("hflip"),
-                             address=None, labels=None)
+        resize, kept_pct = size, None
+    else:  # evaluation: crop / crop_pct
+        resize, kept_pct = 256, crop_pct if crop_pct is not None else 0.875
+    name, _ = lt._own_folder(dataset.root, resize=resize, crop=size, crop_pct=kept_pct, interpolation=interpolation,
+                             scale=scale if augment else None, ratio=ratio if augment else None,
+                             hflip=hflip == 0.5 if augment else None, address=None, labels=None)
     # Training: shuffled, the last partial batch dropped (timm's drop_last); evaluation: in
     # order, every rank the same number of batches (timm's OrderedDistributedSampler pads too).
     stream = lt.LarderIterableDataset(name, batch_size, seed=dataset.seed, shuffle=is_training,
@@ -366,10 +366,9 @@ def color_jitter(x: torch.Tensor, strength: Tuple[float, float, float], scale: f
     for step in range(3):
         op = order[:, step].view(b, 1, 1, 1)
         f = factors.gather(1, order[:, step:step + 1]).view(b, 1, 1, 1)
-        bright = x * f
-        mean = _grey(x).mean(dim=(1, 2, 3), keepdim=True)
-        contrast = f * x + (1 - f) * mean
         grey = _grey(x)
+        bright = x * f
+        contrast = f * x + (1 - f) * grey.mean(dim=(1, 2, 3), keepdim=True)
         saturate = f * x + (1 - f) * grey
         x = torch.where(op == 0, bright, torch.where(op == 1, contrast, saturate)).clamp_(0, scale)
     return x

@@ -744,7 +744,7 @@ def _dataset_name(path: str, settings: dict) -> str:
     return f"{readable}-{digest}"
 
 
-def _own_folder(root, *, train, resize, crop, crop_pct, interpolation, scale, ratio, hflip, address,
+def _own_folder(root, *, resize, crop, crop_pct, interpolation, scale, ratio, hflip, address,
                 labels) -> Tuple[str, str]:
     """(the caller's own dataset of `root` with these settings, "images" or "hdf5"): added for
     the caller (by uid) if no earlier call did, and waited for until the daemon serves it."""
@@ -823,9 +823,8 @@ def ImageFolder(
     less: right for a loop that all-reduces at the end, as pytorch/examples'), unless
     `valid=True` asks for equal batch counts with the padding marked (timm's per-batch
     all-reduce)."""
-    full, kind = _own_folder(root, train=train, resize=resize, crop=crop, crop_pct=crop_pct,
-                             interpolation=interpolation, scale=scale, ratio=ratio, hflip=hflip,
-                             address=address, labels=labels)
+    full, kind = _own_folder(root, resize=resize, crop=crop, crop_pct=crop_pct, interpolation=interpolation,
+                             scale=scale, ratio=ratio, hflip=hflip, address=address, labels=labels)
     pipeline = "train" if train and kind == "images" else "eval"
     dataset_kwargs.setdefault("shuffle", train)
     if not train:
