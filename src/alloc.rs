@@ -184,3 +184,33 @@ mod tests {
         assert!(purged, "{free} -> {}", free_bytes());
     }
 }
+
+/// Below this, `prefault` leaves an allocation alone (it is likely reused memory, and a page or
+/// two fault cheaply enough).
+const PREFAULT_MIN: usize = 64 << 10;
+
+/// Maps the pages of `v`'s allocation (up to its capacity) in one call, before they are
+/// written: a large fresh allocation (a new record of the memory tier) otherwise takes a page
+/// fault per 4 KiB as it is filled. A cold epoch of 500x375 JPEGs spent 10% of the daemon's
+/// CPU in those faults; populated in one call, its CPU per image fell 8% (README: images).
+/// Pages already mapped (reused memory) are only looked up. Kernels before 5.14 refuse the
+/// call and the pages fault as before.
+pub fn prefault(v: &mut Vec<u8>) {
+    let (start, cap) = (v.as_mut_ptr() as usize, v.capacity());
+    if cap < PREFAULT_MIN {
+        return;
+    }
+    let first = start.next_multiple_of(4096);
+    let end = (start + cap) & !4095;
+    if end > first {
+        // SAFETY: [first, end) lies within `v`'s allocation, which this call borrows
+        // mutably; populating writes no byte, it only maps the pages (zeroed if new).
+        unsafe {
+            libc::madvise(
+                first as *mut libc::c_void,
+                end - first,
+                libc::MADV_POPULATE_WRITE,
+            );
+        }
+    }
+}

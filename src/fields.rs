@@ -389,6 +389,7 @@ impl Schema {
             body += v.data.len();
         }
         let mut out = Vec::with_capacity(header + body);
+        crate::alloc::prefault(&mut out);
         for (f, v) in self.fields.iter().zip(values) {
             for (d, s) in v.dims.iter().zip(&f.shape) {
                 if s.is_none() {

@@ -3,12 +3,13 @@
 //! resized once, together, as a spatial group (see `fields`). Cropping happens later, at batch
 //! assembly, by each stream's pipeline (see `augment`), so the tiers keep what every crop needs.
 
-use super::decode;
-use super::planes::{resize_interleaved, to_planes};
+use super::decode::{self, Out};
+use super::planes::{resize_interleaved, resize_interleaved_into, rgbx_to_planes, to_planes};
 use crate::config::{ImageMode, Limits};
 use crate::fields::{DType, FieldSpec, RawSample, Resample, Value};
 use anyhow::{bail, ensure, Context, Result};
 use image::GrayImage;
+use std::cell::RefCell;
 
 /// What happens to one raw field.
 #[derive(Debug, Clone, PartialEq)]
@@ -120,6 +121,11 @@ impl Preprocess {
     }
 }
 
+thread_local! {
+    /// This thread's decoded and resized pixels, their allocations kept between images.
+    static BUFFERS: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
 fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample, limits: &Limits) -> Result<Vec<Value>> {
     ensure!(
         raw.len() == ops.len(),
@@ -159,15 +165,30 @@ fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample, limits: &Limits) -> 
                 let (w, h) = known.unwrap_or_else(|| resize.size((w, h)));
                 (resize.shorter > 0).then_some(w.saturating_mul(s).min(h.saturating_mul(s)))
             };
-            let px = decode::decode(&value.data, grey, max_pixels, at_least)?;
-            let (w, h) = (px.width, px.height);
-            ensure!(w > 0 && h > 0, "image is empty");
-            let size = *kept.get_or_insert_with(|| resize.size((w, h)));
-            let (nw, nh) = scaled(size, s)?;
-            decode::check_pixels(nw, nh, max_pixels).context("resized to the size kept")?;
-            let rgb = resize_interleaved(&px.data, (w, h), px.channels, (nw, nh), *resample)?;
-            let c = px.channels;
-            Ok(Value::new(vec![c, nh, nw], to_planes(&rgb, c as usize)))
+            // RGB as 4 bytes a pixel, the layout the resizer handles fastest, through this
+            // thread's buffers (only the planes kept are a new allocation).
+            let out = if grey { Out::Grey } else { Out::Rgbx };
+            BUFFERS.with(|cell| {
+                let (decoded, resized) = &mut *cell.borrow_mut();
+                let buf = std::mem::take(decoded);
+                let px = decode::decode_into(&value.data, out, max_pixels, at_least, buf)?;
+                let (w, h, c) = (px.width, px.height, px.channels);
+                *decoded = px.data;
+                let pixels: &[u8] = decoded;
+                ensure!(w > 0 && h > 0, "image is empty");
+                let size = *kept.get_or_insert_with(|| resize.size((w, h)));
+                let (nw, nh) = scaled(size, s)?;
+                decode::check_pixels(nw, nh, max_pixels).context("resized to the size kept")?;
+                let buf = std::mem::take(resized);
+                let buf = resize_interleaved_into(pixels, (w, h), c, (nw, nh), *resample, buf)?;
+                *resized = buf;
+                let done: &[u8] = resized;
+                Ok(if c == 4 {
+                    Value::new(vec![3, nh, nw], rgbx_to_planes(done))
+                } else {
+                    Value::new(vec![c, nh, nw], to_planes(done, c as usize))
+                })
+            })
         })()
         .with_context(|| format!("decoding image field {k}"))?;
         out.push(decoded);

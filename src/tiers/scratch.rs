@@ -677,6 +677,7 @@ impl ScratchTier {
         use std::os::unix::fs::FileExt;
         let (start, end, crc) = self.entry(shard, slot, index)?;
         let mut payload = vec![0u8; (end - start) as usize];
+        crate::alloc::prefault(&mut payload);
         shard
             .file
             .read_exact_at(&mut payload, start)
