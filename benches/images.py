@@ -17,6 +17,10 @@ the files in the page cache, samples/s reaching the loop as uint8 [B, 3, 224, 22
     daemon;
   - larder warm epochs: the eval pipeline (center crop, no augmentation) and the train
     pipeline (random-resized crop + flip per sample), memory tier warm.
+Before and after the rounds (unless --no-pool), `cargo bench --bench pipeline` times the
+daemon's preprocessing (decode + resize 256 + planes) of these very files, one after another on
+one thread (criterion): the pool of preprocessing threads at full use would do os.cpu_count()
+(the daemon's default thread count) / that time, and the cold epoch is given as a share of it.
 torchvision decodes every epoch, so its cold and warm epochs are alike. The machine's speed
 drifts (it is shared), so the setups take turns: each of --rounds rounds measures every row once
 (torchvision one epoch per recipe, larder a fresh daemon's cold epoch, then --epochs warm epochs
@@ -32,6 +36,8 @@ import shutil
 import subprocess
 import tempfile
 import time
+
+import re
 
 import numpy as np
 import torch
@@ -74,6 +80,19 @@ def epoch_rate(batches) -> float:
     return n / (time.perf_counter() - t)
 
 
+def preprocess_seconds(folder: pathlib.Path) -> float:
+    """Criterion's estimate of one thread's preprocessing time per image of `folder`."""
+    name = "the folder's JPEGs"
+    out = subprocess.run(["cargo", "bench", "--bench", "pipeline", "--", name], cwd=REPO,
+                         env={**os.environ, "LARDER_BENCH_JPEGS": str(folder)}, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    m = re.search(re.escape(name) + r"\s+time:\s+\[\S+ \S+ (\S+) (\S+) \S+ \S+\]", out.stdout)
+    assert m, out.stdout[-2000:]
+    scale = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
 def median_rate(epochs, batches_of) -> float:
     return float(np.median([epoch_rate(batches_of()) for _ in range(epochs)]))
 
@@ -111,6 +130,8 @@ def main():
     p.add_argument("--images", type=int, default=1500)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--no-pool", action="store_true",
+                   help="skip timing the preprocessing of the files with criterion")
     p.add_argument("--before", default=None,
                    help="another larderd binary (a build before a change): its cold epoch too, taking turns")
     args = p.parse_args()
@@ -125,6 +146,7 @@ def main():
     # budget: two of ten slots of a batch of 3x224x224.
     budget = args.images * 300_000 + 2 * 10 * (BATCH * 3 * 224 * 224 + 8192) + (256 << 20)  # + the message path's share
 
+    pool = [] if args.no_pool else [preprocess_seconds(folder)]
     eval_tf = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.PILToTensor()])
     train_tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
                                    transforms.PILToTensor()])
@@ -180,6 +202,8 @@ def main():
         shutil.rmtree(d.dir)
     del torchvision
     gc.collect()
+    if pool:
+        pool.append(preprocess_seconds(folder))
     spread = {name: (min(rates), max(rates)) for name, rates in rows.items()}
     rows = {name: float(np.median(rates)) for name, rates in rows.items()}
     order = ["torchvision ImageFolder, eval recipe", "torchvision ImageFolder, train recipe"]
@@ -194,6 +218,14 @@ def main():
     for name, rate in rows.items():
         lo, hi = spread[name]
         print(f"{name:<58} {rate:>10.0f} {rate / base:>6.2f}x   {lo:.0f}-{hi:.0f}")
+    if pool:
+        threads = os.cpu_count()
+        full = threads / float(np.mean(pool))
+        cold = rows["larder cold epoch (decode + resize + deliver)"]
+        print(f"\npreprocessing on one thread (criterion, these files): "
+              f"{' and '.join(f'{t * 1e6:.0f} us' for t in pool)} an image (before and after the rounds); "
+              f"the pool at full use: {threads} threads, {full:.0f}/s; "
+              f"the cold epoch is {100 * cold / full:.0f}% of it")
     train = rows["larder warm epochs, train (random-resized crop + flip)"]
     print(f"\ntrain / eval, larder warm: {train / rows['larder warm epochs, eval (center crop)']:.2f}; "
           f"larder train / torchvision train: {train / rows['torchvision ImageFolder, train recipe']:.2f}x")

@@ -53,6 +53,7 @@ import json
 import os
 import pathlib
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -511,7 +512,11 @@ def run_one(args, root, h5, entry_cost, jobs, share, one_seed, policy) -> dict:
     daemon, address, log = start_daemon(args, root, tag, config_text(root, tag, h5, budget, policy), trace_path)
     try:
         seeds = [ONE_SEED] * jobs if one_seed else [DISTINCT_SEED + j for j in range(jobs)]
-        done = run_jobs(args, root, tag, address, seeds)
+        perf = start_perf(args, root / f"{tag}.perf", daemon.pid)
+        try:
+            done = run_jobs(args, root, tag, address, seeds)
+        finally:
+            perf_share = stop_perf(perf)
         with larder.Client(address) as client:
             st = client.stats()
         stats = {f: getattr(st, f) for f in ("memory_entries", "memory_bytes", "memory_budget_bytes",
@@ -519,6 +524,7 @@ def run_one(args, root, h5, entry_cost, jobs, share, one_seed, policy) -> dict:
                                              "samples_served", "memory_policy_seconds",
                                              "memory_policy_bytes")}
         stats["daemon_cpu_seconds"] = cpu_seconds(daemon.pid)
+        stats["policy_perf_share"] = perf_share
     finally:
         stop_daemon(daemon, tag, log)
     if not trace_path.exists():
@@ -546,9 +552,45 @@ def run_one(args, root, h5, entry_cost, jobs, share, one_seed, policy) -> dict:
     return result
 
 
+# The policy's code, as perf names its functions: larder's eviction module, and the heaps only
+# it uses (their generic functions are compiled outside it).
+POLICY_SYMBOLS = re.compile(r"tiers::eviction::|BinaryHeap<")
+
+
+def start_perf(args, path: pathlib.Path, pid: int):
+    """`perf record` of the daemon while the jobs run, or None (--no-perf, or no perf here)."""
+    if args.no_perf or not shutil.which("perf"):
+        return None
+    proc = subprocess.Popen(["perf", "record", "-q", "-F", "999", "-p", str(pid), "-o", str(path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.3)
+    return (proc, path) if proc.poll() is None else None
+
+
+def stop_perf(perf):
+    """The share of the daemon's CPU samples in the policy's code, or None."""
+    if perf is None:
+        return None
+    proc, path = perf
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    out = subprocess.run(["perf", "report", "-i", str(path), "--no-children", "--sort", "sym", "--stdio", "-q"],
+                         capture_output=True, text=True)
+    path.unlink(missing_ok=True)
+    share = 0.0
+    for line in out.stdout.splitlines():
+        m = re.match(r"\s*([\d.]+)%\s+\[[.k]\]\s+(.*)", line)
+        if m and POLICY_SYMBOLS.search(m.group(2)):
+            share += float(m.group(1)) / 100
+    return share if out.returncode == 0 and out.stdout.strip() else None
+
+
 def policy_share(stats: dict) -> str:
+    """The policy's share of the daemon's CPU: perf's samples, and the daemon's own counter."""
     cpu = stats.get("daemon_cpu_seconds") or 0
-    return pct(stats.get("memory_policy_seconds", 0) / cpu) if cpu else "-"
+    counter = pct(stats.get("memory_policy_seconds", 0) / cpu) if cpu else "-"
+    perf = stats.get("policy_perf_share")
+    return f"{counter} / {'-' if perf is None else pct(perf)}"
 
 
 def pct(x: float) -> str:
@@ -562,7 +604,7 @@ def print_table(rows, args, entry_cost) -> None:
           f"epochs per job, batch {args.batch}, shuffled, scratch tier off; Belady = MIN with bypass on "
           "the run's own lookup trace")
     print("| jobs | seeds | memory | policy | larder hits | Belady | gap (points) | "
-          "lower reads / Belady misses | samples/s (aggregate) | policy CPU / daemon CPU |")
+          "lower reads / Belady misses | samples/s (aggregate) | policy CPU / daemon CPU: counter / perf |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         n = r["lookups"] or 1
@@ -590,6 +632,8 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="keep the temporary folder")
     p.add_argument("--timeout", type=float, default=900, help="seconds the jobs of one run may take")
     p.add_argument("--selftest", action="store_true", help="check the Belady implementation and exit")
+    p.add_argument("--no-perf", action="store_true",
+                   help="do not sample the daemon with perf (the policy's CPU share then comes from its counter only)")
     p.add_argument("--job", help=argparse.SUPPRESS)
     p.add_argument("--job-seed", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()

@@ -86,6 +86,20 @@ fn pipeline(c: &mut Criterion) {
             )
         })
     });
+    // The JPEGs of a folder (benches/images.py passes its own), one after another: what the
+    // preprocessing pool does per image of that folder.
+    if let Some(dir) = std::env::var_os("LARDER_BENCH_JPEGS") {
+        let files = jpegs_under(std::path::Path::new(&dir));
+        assert!(!files.is_empty(), "no .jpg files under {dir:?}");
+        let mut next = files.iter().cycle();
+        g.bench_function("preprocess: decode + resize 256 + planes, the folder's JPEGs", |b| {
+            b.iter(|| {
+                let file = next.next().unwrap();
+                let raw = vec![Value::new(vec![file.len() as u32], file.clone())];
+                black_box(kept.apply(raw, &Default::default()).unwrap())
+            })
+        });
+    }
     let planes = to_planes(
         &resize_interleaved(&px.data, (500, 375), 3, (341, 256), Resample::Linear).unwrap(),
         3,
@@ -127,6 +141,24 @@ fn pipeline(c: &mut Criterion) {
         });
     }
     g.finish();
+}
+
+/// The bytes of every .jpg file under `dir`, in path order.
+fn jpegs_under(dir: &std::path::Path) -> Vec<Vec<u8>> {
+    let mut paths = vec![];
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.extension().is_some_and(|x| x == "jpg") {
+                paths.push(p);
+            }
+        }
+    }
+    paths.sort();
+    paths.iter().map(|p| std::fs::read(p).unwrap()).collect()
 }
 
 criterion_group!(benches, pipeline);
