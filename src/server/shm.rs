@@ -410,7 +410,7 @@ impl Ring {
 
     /// A free slot, claimed for the caller; None when the client holds them all. The lowest
     /// free one: a stream touches only as many slots as it keeps in use at once, not every
-    /// slot in turn (a slot's first use costs a page fault per 4 KiB of it, 5% of a cold
+    /// slot in turn (a slot's first use costs a page fault per 4 KiB of it, 3-5% of a cold
     /// epoch's CPU when all ten were used in turn), and the slot written is the one most
     /// recently read, still in the caches.
     pub fn claim(self: &Arc<Self>) -> Option<Slot> {
