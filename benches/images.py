@@ -19,8 +19,8 @@ the files in the page cache, samples/s reaching the loop as uint8 [B, 3, 224, 22
     pipeline (random-resized crop + flip per sample), memory tier warm.
 Before and after the rounds (unless --no-pool), `cargo bench --bench pipeline` times the
 daemon's preprocessing (decode + resize 256 + planes) of these very files, one after another on
-one thread (criterion): the pool of preprocessing threads at full use would do os.cpu_count()
-(the daemon's default thread count) / that time, and the cold epoch is given as a share of it.
+one thread (criterion): the pool of preprocessing threads at full use would do the CPUs this may
+run on (the daemon's default thread count) / that time, and the cold epoch is given as a share of it.
 torchvision decodes every epoch, so its cold and warm epochs are alike. The machine's speed
 drifts (it is shared), so the setups take turns: each of --rounds rounds measures every row once
 (torchvision one epoch per recipe, larder a fresh daemon's cold epoch, then --epochs warm epochs
@@ -219,7 +219,7 @@ def main():
         lo, hi = spread[name]
         print(f"{name:<58} {rate:>10.0f} {rate / base:>6.2f}x   {lo:.0f}-{hi:.0f}")
     if pool:
-        threads = os.cpu_count()
+        threads = len(os.sched_getaffinity(0))  # the daemon's default: the CPUs it may run on
         full = threads / float(np.mean(pool))
         cold = rows["larder cold epoch (decode + resize + deliver)"]
         print(f"\npreprocessing on one thread (criterion, these files): "

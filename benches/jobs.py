@@ -573,7 +573,12 @@ def stop_perf(perf):
         return None
     proc, path = perf
     proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=60)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
     out = subprocess.run(["perf", "report", "-i", str(path), "--no-children", "--sort", "sym", "--stdio", "-q"],
                          capture_output=True, text=True)
     path.unlink(missing_ok=True)

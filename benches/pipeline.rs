@@ -92,13 +92,16 @@ fn pipeline(c: &mut Criterion) {
         let files = jpegs_under(std::path::Path::new(&dir));
         assert!(!files.is_empty(), "no .jpg files under {dir:?}");
         let mut next = files.iter().cycle();
-        g.bench_function("preprocess: decode + resize 256 + planes, the folder's JPEGs", |b| {
-            b.iter(|| {
-                let file = next.next().unwrap();
-                let raw = vec![Value::new(vec![file.len() as u32], file.clone())];
-                black_box(kept.apply(raw, &Default::default()).unwrap())
-            })
-        });
+        g.bench_function(
+            "preprocess: decode + resize 256 + planes, the folder's JPEGs",
+            |b| {
+                b.iter(|| {
+                    let file = next.next().unwrap();
+                    let raw = vec![Value::new(vec![file.len() as u32], file.clone())];
+                    black_box(kept.apply(raw, &Default::default()).unwrap())
+                })
+            },
+        );
     }
     let planes = to_planes(
         &resize_interleaved(&px.data, (500, 375), 3, (341, 256), Resample::Linear).unwrap(),

@@ -152,9 +152,57 @@ fn parse_status(status: &str) -> Footprint {
     }
 }
 
+/// Below this, `prefault` leaves an allocation alone (it is likely reused memory, and a page or
+/// two fault cheaply enough).
+const PREFAULT_MIN: usize = 64 << 10;
+
+/// Maps the pages of `v`'s allocation (up to its capacity) in one call, before they are
+/// written: a large fresh allocation (a new record of the memory tier) otherwise takes a page
+/// fault per 4 KiB as it is filled. A cold epoch of 500x375 JPEGs spent 10% of the daemon's
+/// CPU in those faults; populated in one call, its CPU per image fell 8% (README: images).
+/// Pages already mapped (reused memory) are only looked up. Kernels before 5.14 refuse the
+/// call and the pages fault as before.
+pub fn prefault(v: &mut Vec<u8>) {
+    let (start, cap) = (v.as_mut_ptr() as usize, v.capacity());
+    if cap < PREFAULT_MIN {
+        return;
+    }
+    // SAFETY: sysconf only reads a constant of the system.
+    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        p if p > 0 => p as usize,
+        _ => return,
+    };
+    let first = start.next_multiple_of(page);
+    let end = (start + cap) / page * page;
+    if end > first {
+        // SAFETY: [first, end) lies within `v`'s allocation, which this call borrows
+        // mutably; populating writes no byte, it only maps the pages (zeroed if new).
+        unsafe {
+            libc::madvise(
+                first as *mut libc::c_void,
+                end - first,
+                libc::MADV_POPULATE_WRITE,
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefaulting_keeps_what_a_buffer_holds() {
+        let mut v: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        v.reserve(1 << 20);
+        prefault(&mut v);
+        assert!(v.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        let mut fresh = Vec::with_capacity(1 << 20);
+        prefault(&mut fresh);
+        fresh.extend(std::iter::repeat_n(7u8, 1 << 20));
+        assert!(fresh.iter().all(|&b| b == 7));
+        prefault(&mut Vec::new());
+    }
 
     #[test]
     fn reads_the_kernel_s_counts() {
@@ -182,35 +230,5 @@ mod tests {
             free_bytes() < 16 << 20
         });
         assert!(purged, "{free} -> {}", free_bytes());
-    }
-}
-
-/// Below this, `prefault` leaves an allocation alone (it is likely reused memory, and a page or
-/// two fault cheaply enough).
-const PREFAULT_MIN: usize = 64 << 10;
-
-/// Maps the pages of `v`'s allocation (up to its capacity) in one call, before they are
-/// written: a large fresh allocation (a new record of the memory tier) otherwise takes a page
-/// fault per 4 KiB as it is filled. A cold epoch of 500x375 JPEGs spent 10% of the daemon's
-/// CPU in those faults; populated in one call, its CPU per image fell 8% (README: images).
-/// Pages already mapped (reused memory) are only looked up. Kernels before 5.14 refuse the
-/// call and the pages fault as before.
-pub fn prefault(v: &mut Vec<u8>) {
-    let (start, cap) = (v.as_mut_ptr() as usize, v.capacity());
-    if cap < PREFAULT_MIN {
-        return;
-    }
-    let first = start.next_multiple_of(4096);
-    let end = (start + cap) & !4095;
-    if end > first {
-        // SAFETY: [first, end) lies within `v`'s allocation, which this call borrows
-        // mutably; populating writes no byte, it only maps the pages (zeroed if new).
-        unsafe {
-            libc::madvise(
-                first as *mut libc::c_void,
-                end - first,
-                libc::MADV_POPULATE_WRITE,
-            );
-        }
     }
 }

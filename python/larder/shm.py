@@ -138,7 +138,12 @@ class Ring:
 
     def pin(self) -> bool:
         """Registers the ring with CUDA as pinned memory, so `tensor.to("cuda", non_blocking=True)`
-        copies straight from the slot, asynchronously. False when no GPU is present."""
+        copies straight from the slot, asynchronously. False when no GPU is present.
+
+        A slot is handed back once the CUDA work queued before its last array went away has run,
+        on the stream current then: copies from it belong on that stream (the loop's current
+        stream, as a plain `.to("cuda", non_blocking=True)` in the loop does). The daemon writes a
+        freed slot again soon after (the lowest free slot is taken first)."""
         import torch
 
         if self._pinned:

@@ -84,16 +84,22 @@ pub fn rgbx_to_planes(rgbx: &[u8]) -> Vec<u8> {
     let mut out = vec![0u8; 3 * n];
     let (r, rest) = out.split_at_mut(n);
     let (g, b) = rest.split_at_mut(n);
-    let mut done = 0;
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("ssse3") {
-        // SAFETY: the CPU has SSSE3; the slices are as the function needs (n pixels each).
-        done = unsafe { rgbx_to_planes_ssse3(rgbx, r, g, b) };
-    }
+    let done = rgbx_to_planes_simd(rgbx, r, g, b);
     for (i, px) in rgbx.chunks_exact(4).enumerate().skip(done) {
         (r[i], g[i], b[i]) = (px[0], px[1], px[2]);
     }
     out
+}
+
+/// As many pixels of `rgbx` as SIMD does here into `r`, `g` and `b`; returns how many.
+fn rgbx_to_planes_simd(rgbx: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("ssse3") {
+        // SAFETY: the CPU has SSSE3; the function bounds itself by the slices' lengths.
+        return unsafe { rgbx_to_planes_ssse3(rgbx, r, g, b) };
+    }
+    let _ = (rgbx, r, g, b);
+    0
 }
 
 /// The first multiple of 16 pixels of `rgbx` into `r`, `g` and `b` (each at least that long);

@@ -121,6 +121,10 @@ impl Preprocess {
     }
 }
 
+/// The largest buffer a preprocessing thread keeps between images (a 2,000 x 2,000 RGBX image
+/// is 16 MB; larger ones are allocated and freed each time, as before).
+const KEPT_BUFFER_MAX: usize = 16 << 20;
+
 thread_local! {
     /// This thread's decoded and resized pixels, their allocations kept between images.
     static BUFFERS: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
@@ -183,11 +187,18 @@ fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample, limits: &Limits) -> 
                 let buf = resize_interleaved_into(pixels, (w, h), c, (nw, nh), *resample, buf)?;
                 *resized = buf;
                 let done: &[u8] = resized;
-                Ok(if c == 4 {
+                let value = if c == 4 {
                     Value::new(vec![3, nh, nw], rgbx_to_planes(done))
                 } else {
                     Value::new(vec![c, nh, nw], to_planes(done, c as usize))
-                })
+                };
+                // A huge image's buffers are not kept for the thread's life (outside the budget).
+                for buf in [decoded, resized] {
+                    if buf.capacity() > KEPT_BUFFER_MAX {
+                        *buf = Vec::new();
+                    }
+                }
+                Ok(value)
             })
         })()
         .with_context(|| format!("decoding image field {k}"))?;
