@@ -4,7 +4,7 @@
 //! assembly, by each stream's pipeline (see `augment`), so the tiers keep what every crop needs.
 
 use super::decode::{self, Out};
-use super::planes::{resize_interleaved, resize_interleaved_into, rgbx_to_planes, to_planes};
+use super::planes::{resize_interleaved, resize_interleaved_into, rgbx_to_planes};
 use crate::config::{ImageMode, Limits};
 use crate::fields::{DType, FieldSpec, RawSample, Resample, Value};
 use anyhow::{bail, ensure, Context, Result};
@@ -187,10 +187,11 @@ fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample, limits: &Limits) -> 
                 let buf = resize_interleaved_into(pixels, (w, h), c, (nw, nh), *resample, buf)?;
                 *resized = buf;
                 let done: &[u8] = resized;
+                // RGBX to three planes; grey is one plane as it is.
                 let value = if c == 4 {
                     Value::new(vec![3, nh, nw], rgbx_to_planes(done))
                 } else {
-                    Value::new(vec![c, nh, nw], to_planes(done, c as usize))
+                    Value::new(vec![c, nh, nw], done.to_vec())
                 };
                 // A huge image's buffers are not kept for the thread's life (outside the budget).
                 for buf in [decoded, resized] {
