@@ -63,11 +63,12 @@ class Batch(_message.Message):
     def __init__(self, batch_index: _Optional[int] = ..., num_batches: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., sample_ids: _Optional[_Iterable[int]] = ..., fields: _Optional[_Iterable[_Union[FieldBatch, _Mapping]]] = ..., slot: _Optional[int] = ..., step: _Optional[int] = ..., resume_sample: _Optional[int] = ..., padding: _Optional[int] = ..., stream_id: _Optional[int] = ...) -> None: ...
 
 class DatasetInfo(_message.Message):
-    __slots__ = ["bad_samples", "fields", "has_labels", "has_train_pipeline", "name", "num_samples", "owner", "sample_bytes", "sample_shape", "source"]
+    __slots__ = ["bad_samples", "fields", "has_labels", "has_train_pipeline", "kind", "name", "num_samples", "owner", "sample_bytes", "sample_shape", "source"]
     BAD_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     HAS_LABELS_FIELD_NUMBER: _ClassVar[int]
     HAS_TRAIN_PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
@@ -78,13 +79,14 @@ class DatasetInfo(_message.Message):
     fields: _containers.RepeatedCompositeFieldContainer[FieldInfo]
     has_labels: bool
     has_train_pipeline: bool
+    kind: str
     name: str
     num_samples: int
     owner: str
     sample_bytes: int
     sample_shape: _containers.RepeatedScalarFieldContainer[int]
     source: str
-    def __init__(self, name: _Optional[str] = ..., num_samples: _Optional[int] = ..., sample_shape: _Optional[_Iterable[int]] = ..., has_labels: bool = ..., source: _Optional[str] = ..., sample_bytes: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[FieldInfo, _Mapping]]] = ..., has_train_pipeline: bool = ..., bad_samples: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., num_samples: _Optional[int] = ..., sample_shape: _Optional[_Iterable[int]] = ..., has_labels: bool = ..., source: _Optional[str] = ..., sample_bytes: _Optional[int] = ..., fields: _Optional[_Iterable[_Union[FieldInfo, _Mapping]]] = ..., has_train_pipeline: bool = ..., bad_samples: _Optional[int] = ..., owner: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class DatasetStats(_message.Message):
     __slots__ = ["bad_samples", "dataset", "tiers"]
@@ -203,6 +205,22 @@ class ReportInputRequest(_message.Message):
     window_step_seconds: float
     window_wait_seconds: float
     def __init__(self, stream_id: _Optional[int] = ..., job: _Optional[str] = ..., batches: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., step_seconds: _Optional[float] = ..., window_wait_seconds: _Optional[float] = ..., window_step_seconds: _Optional[float] = ...) -> None: ...
+
+class SourceKindRequest(_message.Message):
+    __slots__ = ["path"]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    def __init__(self, path: _Optional[str] = ...) -> None: ...
+
+class SourceKindResponse(_message.Message):
+    __slots__ = ["kind", "kinds", "reason"]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    def __init__(self, kind: _Optional[str] = ..., reason: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Stats(_message.Message):
     __slots__ = ["accounted_bytes", "active_streams", "admissions_declined", "allocator_free_bytes", "anonymous_bytes", "anonymous_ceiling_bytes", "bad_samples", "batch_wait_bounds", "batch_wait_counts", "batch_wait_sum_seconds", "batches_served", "bytes_served", "client_stall_seconds", "coalesced_fetches", "datasets", "hit_rate", "machine_available_bytes", "measured_expansion_factor", "memory_budget_bytes", "memory_bytes", "memory_configured_budget_bytes", "memory_entries", "memory_policy", "memory_policy_bytes", "memory_policy_seconds", "message_budget_bytes", "message_buffer_in_flight_bytes", "message_buffer_spare_bytes", "planned_expansion_factor", "pool_busy", "pool_threads", "resident_bytes", "samples_served", "scratch_budget_bytes", "scratch_bytes", "scratch_corrupt_records", "scratch_paused", "shared_bytes", "shm_batches", "shm_budget_bytes", "shm_bytes", "shm_fallbacks", "shm_rings", "tiers", "uptime_seconds"]
@@ -343,14 +361,16 @@ class StreamBatchesRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., sequential: bool = ..., drop_last: bool = ..., fields: _Optional[_Iterable[str]] = ..., variable_layout: _Optional[_Union[VariableLayout, str]] = ..., layout_version: _Optional[int] = ..., shm_ring: _Optional[bytes] = ..., held_slots: _Optional[_Iterable[int]] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., start_sample: _Optional[int] = ..., start_step: _Optional[int] = ..., even_batches: bool = ..., pipeline: _Optional[str] = ...) -> None: ...
 
 class StreamInfo(_message.Message):
-    __slots__ = ["advice", "batches", "bytes_per_second", "cause", "dataset", "epoch", "id", "job", "measured_by_client", "memory_samples", "num_batches", "open_seconds", "pid", "rank", "raw_samples", "ready_batches", "samples", "samples_per_second", "scratch_samples", "shm", "user", "verdict", "wait_ratio", "wait_seconds", "world_size"]
+    __slots__ = ["advice", "batches", "bytes_per_second", "cause", "compute_bound_below", "dataset", "epoch", "id", "input_bound_above", "job", "measured_by_client", "memory_samples", "num_batches", "open_seconds", "pid", "rank", "raw_samples", "ready_batches", "samples", "samples_per_second", "scratch_samples", "shm", "user", "verdict", "wait_ratio", "wait_seconds", "world_size"]
     ADVICE_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     CAUSE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_BOUND_BELOW_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
+    INPUT_BOUND_ABOVE_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     MEASURED_BY_CLIENT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_SAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -373,9 +393,11 @@ class StreamInfo(_message.Message):
     batches: int
     bytes_per_second: float
     cause: str
+    compute_bound_below: float
     dataset: str
     epoch: int
     id: int
+    input_bound_above: float
     job: str
     measured_by_client: bool
     memory_samples: int
@@ -394,7 +416,7 @@ class StreamInfo(_message.Message):
     wait_ratio: float
     wait_seconds: float
     world_size: int
-    def __init__(self, id: _Optional[int] = ..., dataset: _Optional[str] = ..., user: _Optional[str] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., epoch: _Optional[int] = ..., batches: _Optional[int] = ..., num_batches: _Optional[int] = ..., samples: _Optional[int] = ..., open_seconds: _Optional[float] = ..., wait_seconds: _Optional[float] = ..., wait_ratio: _Optional[float] = ..., verdict: _Optional[str] = ..., shm: bool = ..., job: _Optional[str] = ..., measured_by_client: bool = ..., samples_per_second: _Optional[float] = ..., bytes_per_second: _Optional[float] = ..., memory_samples: _Optional[int] = ..., scratch_samples: _Optional[int] = ..., raw_samples: _Optional[int] = ..., cause: _Optional[str] = ..., advice: _Optional[str] = ..., ready_batches: _Optional[int] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., dataset: _Optional[str] = ..., user: _Optional[str] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., epoch: _Optional[int] = ..., batches: _Optional[int] = ..., num_batches: _Optional[int] = ..., samples: _Optional[int] = ..., open_seconds: _Optional[float] = ..., wait_seconds: _Optional[float] = ..., wait_ratio: _Optional[float] = ..., verdict: _Optional[str] = ..., shm: bool = ..., job: _Optional[str] = ..., measured_by_client: bool = ..., samples_per_second: _Optional[float] = ..., bytes_per_second: _Optional[float] = ..., memory_samples: _Optional[int] = ..., scratch_samples: _Optional[int] = ..., raw_samples: _Optional[int] = ..., cause: _Optional[str] = ..., advice: _Optional[str] = ..., ready_batches: _Optional[int] = ..., input_bound_above: _Optional[float] = ..., compute_bound_below: _Optional[float] = ...) -> None: ...
 
 class StreamPlan(_message.Message):
     __slots__ = ["num_batches", "num_samples", "prefetch_batches", "slot_bytes"]

@@ -64,6 +64,11 @@ class LarderStub(object):
                 request_serializer=larder_dot_v1_dot_larder__pb2.ReportInputRequest.SerializeToString,
                 response_deserializer=larder_dot_v1_dot_larder__pb2.StreamInfo.FromString,
                 )
+        self.SourceKind = channel.unary_unary(
+                '/larder.v1.Larder/SourceKind',
+                request_serializer=larder_dot_v1_dot_larder__pb2.SourceKindRequest.SerializeToString,
+                response_deserializer=larder_dot_v1_dot_larder__pb2.SourceKindResponse.FromString,
+                )
 
 
 class LarderServicer(object):
@@ -148,6 +153,14 @@ class LarderServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SourceKind(self, request, context):
+        """The kind of source the daemon reads `path` as (looked at with the caller's rights), and
+        every kind it knows: clients ask this rather than guess by the path's shape.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LarderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -200,6 +213,11 @@ def add_LarderServicer_to_server(servicer, server):
                     servicer.ReportInput,
                     request_deserializer=larder_dot_v1_dot_larder__pb2.ReportInputRequest.FromString,
                     response_serializer=larder_dot_v1_dot_larder__pb2.StreamInfo.SerializeToString,
+            ),
+            'SourceKind': grpc.unary_unary_rpc_method_handler(
+                    servicer.SourceKind,
+                    request_deserializer=larder_dot_v1_dot_larder__pb2.SourceKindRequest.FromString,
+                    response_serializer=larder_dot_v1_dot_larder__pb2.SourceKindResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -378,5 +396,22 @@ class Larder(object):
         return grpc.experimental.unary_unary(request, target, '/larder.v1.Larder/ReportInput',
             larder_dot_v1_dot_larder__pb2.ReportInputRequest.SerializeToString,
             larder_dot_v1_dot_larder__pb2.StreamInfo.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def SourceKind(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/larder.v1.Larder/SourceKind',
+            larder_dot_v1_dot_larder__pb2.SourceKindRequest.SerializeToString,
+            larder_dot_v1_dot_larder__pb2.SourceKindResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
