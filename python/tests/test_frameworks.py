@@ -194,10 +194,10 @@ def test_accelerate_example_learns(tmp_path):
     assert all(epochs[(2, r)][0] > 0.9 and epochs[(2, r)][1] == 256 for r in range(2)), epochs
 
 
-def test_readme_excerpts_are_the_examples_the_tests_run():
+def test_docs_excerpts_are_the_examples_the_tests_run():
     import re
 
-    readme = (REPO / "README.md").read_text()
+    readme = "\n".join((REPO / p).read_text() for p in ("README.md", "docs/users.md") if (REPO / p).exists())
     blocks = re.findall(r"```python\n# (python/examples/\S+\.py)\n(.*?)```", readme, re.S)
     assert {path for path, _ in blocks} >= {"python/examples/train.py", "python/examples/lightning_train.py",
                                             "python/examples/accelerate_train.py"}
