@@ -4,7 +4,11 @@
 `torch.utils.data.IterableDataset` for DataLoader workers and DDP ranks.
 """
 
-from larder.client import Batch, Client, InputStats, LarderError, Ragged, DEFAULT_ADDRESS
+from larder.addresses import DEFAULT_ADDRESS
+from larder.batch import Batch, Ragged
+from larder.client import Client
+from larder.errors import LarderError
+from larder.inputstats import InputStats
 
 __all__ = ["Batch", "Client", "InputStats", "LarderError", "Ragged", "DEFAULT_ADDRESS"]
 __version__ = "0.1.0"

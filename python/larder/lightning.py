@@ -19,7 +19,7 @@ try:
 except ImportError:  # the older package name
     from pytorch_lightning.callbacks import Callback
 
-from larder.torch import LarderIterableDataset
+from larder.torch.dataset import LarderIterableDataset
 
 log = logging.getLogger("larder")
 

@@ -28,6 +28,10 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
+from larder.folders import class_names, own_folder
+from larder.torch.dataset import LarderIterableDataset
+from larder.torch.loaders import loader as larder_loader
+
 __all__ = ["create_dataset", "create_loader", "ImageFolder", "color_jitter"]
 
 _TRAIN_SPLITS = ("train", "training")
@@ -60,17 +64,13 @@ class ImageFolder:
     @property
     def classes(self):
         if self._classes is None:
-            from larder.datasets import class_names
-
             self._classes = class_names(self.root)
         return self._classes
 
     def __len__(self) -> int:
         if self._stream is None:
             raise TypeError("a larder timm folder has its length once create_loader made its stream")
-        from larder.torch import _rank_samples
-
-        return _rank_samples(self._stream, whole=True)
+        return self._stream.epoch_samples(whole=True)
 
     def __getitem__(self, index):
         raise TypeError("a larder timm ImageFolder is streamed in batches by the daemon: only "
@@ -172,8 +172,6 @@ def create_loader(dataset, input_size, batch_size: int, is_training: bool = Fals
             img_dtype=img_dtype, device=device if device is not None else torch.device("cuda"),
             use_prefetcher=use_prefetcher, use_multi_epochs_loader=use_multi_epochs_loader,
             persistent_workers=persistent_workers, worker_seeding=worker_seeding, **rest)
-    import larder.torch as lt
-
     if rest.get("input_size_choices") is not None:  # scheduled sizes (the batch_* arguments go with them)
         _refuse("input_size_choices=...", "give one input size and batch size")
     if rest.get("tf_preprocessing"):
@@ -236,15 +234,15 @@ def create_loader(dataset, input_size, batch_size: int, is_training: bool = Fals
         resize, kept_pct = size, None
     else:  # evaluation: crop / crop_pct
         resize, kept_pct = 256, crop_pct if crop_pct is not None else 0.875
-    name, _ = lt._own_folder(dataset.root, resize=resize, crop=size, crop_pct=kept_pct, interpolation=interpolation,
-                             scale=scale if augment else None, ratio=ratio if augment else None,
-                             hflip=hflip == 0.5 if augment else None, address=None, labels=None)
+    name, _ = own_folder(dataset.root, resize=resize, crop=size, crop_pct=kept_pct, interpolation=interpolation,
+                         scale=scale if augment else None, ratio=ratio if augment else None,
+                         hflip=hflip == 0.5 if augment else None, address=None, labels=None)
     # Training: shuffled, the last partial batch dropped (timm's drop_last); evaluation: in
     # order, every rank the same number of batches (timm's OrderedDistributedSampler pads too).
-    stream = lt.LarderIterableDataset(name, batch_size, seed=dataset.seed, shuffle=is_training,
-                                      drop_last=is_training, pipeline="train" if augment else "eval")
-    loader = lt.loader(stream, num_workers=num_workers, pin_memory=pin_memory,
-                       persistent_workers=persistent_workers and num_workers > 0)
+    stream = LarderIterableDataset(name, batch_size, seed=dataset.seed, shuffle=is_training,
+                                   drop_last=is_training, pipeline="train" if augment else "eval")
+    loader = larder_loader(stream, num_workers=num_workers, pin_memory=pin_memory,
+                           persistent_workers=persistent_workers and num_workers > 0)
     loader.dataset.origin = dataset
     dataset._stream = stream
     if dataset._epoch is not None:

@@ -1,0 +1,57 @@
+"""The StreamBatches request a stream's arguments make: the one place they are checked and named
+as the daemon takes them (Client.stream, Client.plan and the torch dataset use it)."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from larder.v1 import larder_pb2 as pb
+
+
+def stream_request(
+    dataset: str,
+    batch_size: int,
+    *,
+    seed: int = 0,
+    epoch: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    start_batch: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    even_batches: bool = True,
+    worker: int = 0,
+    num_workers: int = 1,
+    start_sample: int = 0,
+    start_step: int = 0,
+    fields: Optional[Sequence[str]] = None,
+    variable_layout: str = "padded",
+    pipeline: str = "eval",
+) -> "pb.StreamBatchesRequest":
+    """The StreamBatches request for `Client.stream`'s arguments, checked here so that bad ones fail
+    before any call (LarderIterableDataset checks them as it is made)."""
+    layouts = {"padded": pb.PADDED, "offsets": pb.OFFSETS}
+    if variable_layout not in layouts:
+        raise ValueError(f"variable_layout must be 'padded' or 'offsets', not {variable_layout!r}")
+    if pipeline not in ("eval", "train"):
+        raise ValueError(f"pipeline must be 'train' or 'eval', not {pipeline!r}")
+    return pb.StreamBatchesRequest(
+        dataset=dataset,
+        batch_size=batch_size,
+        seed=seed,
+        epoch=epoch,
+        rank=rank,
+        world_size=world_size,
+        start_batch=start_batch,
+        sequential=not shuffle,
+        drop_last=drop_last,
+        even_batches=even_batches,
+        worker=worker,
+        num_workers=num_workers,
+        start_sample=start_sample,
+        start_step=start_step,
+        fields=list(fields or []),
+        variable_layout=layouts[variable_layout],
+        layout_version=1,
+        pipeline=pipeline,
+    )
