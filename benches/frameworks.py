@@ -7,7 +7,7 @@ Writes one HDF5 file (uint8 images, int64 labels), starts larderd on it, and run
 (2 processes, CPU, gloo), each loop touching every batch as a training step would:
   - plain DDP: DataLoader(LarderIterableDataset(...), batch_size=None), no Accelerate;
   - accelerate, loader not prepared: accelerator.prepare(model, optimizer) only, each process
-    streaming its own shard (the README's Accelerate example);
+    streaming its own shard (docs/users.md's Accelerate example);
   - accelerate, prepared (its defaults): process 0 streams every batch and Accelerate sends each
     process its part (dispatch_batches).
 Each figure is samples/s across both processes, the median of --epochs epochs after one that

@@ -42,7 +42,7 @@ sys.path.insert(0, str(HERE.parent))
 
 BATCH = 128
 RECORD = 3 * 256 * 341 + 8  # a 500x375 image at 256 on the shorter side, and its label
-RING = 9 * (BATCH * 3 * 224 * 224 + 8192) + 4096  # a job's ring (README, "Shared memory")
+RING = 9 * (BATCH * 3 * 224 * 224 + 8192) + 4096  # a job's ring (docs/users.md, "Shared memory")
 
 
 def emit(**event):

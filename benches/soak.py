@@ -57,7 +57,7 @@ least 15 s), samples once more ("idle") and prints a markdown summary and the ta
   - exactly once: no completed epoch with a sample missing, repeated or holding wrong data;
   - clients: no errors (the killed and cancelled clients' ends excepted), none left hanging at
     the deadline, and the daemon still running at the end.
-Exit status 1 when a target fails. The README's table is that of a 10-minute run.
+Exit status 1 when a target fails. benches/RESULTS.md's table is that of a 10-minute run.
 """
 
 import argparse
