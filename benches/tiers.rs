@@ -3,13 +3,12 @@
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use larder::config::FieldConfig;
 use larder::fields::Value;
 use larder::pipeline::{FieldOp, Preprocess, Resize};
 use larder::sampler::epoch_order;
-use larder::source::{Hdf5Source, RawSource};
-use larder::tiers::future::OrderKey;
+use larder::source::{Hdf5Field, Hdf5Source, RawSource};
 use larder::tiers::memory::{MemoryTier, ENTRY_OVERHEAD};
+use larder::tiers::orders::OrderKey;
 use larder::tiers::scratch::{ScratchSpace, ScratchTier};
 use std::hint::black_box;
 
@@ -133,14 +132,8 @@ fn raw(c: &mut Criterion) {
     let path = dir.path().join("b.h5");
     larder::synthetic::make_dataset(&path, 2000, &[3, 64, 64]).unwrap();
     let fields = [
-        FieldConfig {
-            hdf5: Some("images".into()),
-            ..FieldConfig::named("image")
-        },
-        FieldConfig {
-            hdf5: Some("labels".into()),
-            ..FieldConfig::named("label")
-        },
+        Hdf5Field::new("image", "images"),
+        Hdf5Field::new("label", "labels"),
     ];
     let src = Hdf5Source::open(&path, &fields).unwrap();
     let mut g = c.benchmark_group("raw");

@@ -6,7 +6,7 @@ use crate::error::Kind;
 use crate::fields::Schema;
 use crate::fingerprint::fnv1a;
 use crate::pipeline::{Crop, Pipeline, Preprocess, Spatial};
-use crate::source::{RawSample, RawSource};
+use crate::source::{Format, RawSample, Source};
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -16,7 +16,9 @@ pub struct Dataset {
     /// Small integer id used in cache keys.
     pub id: u32,
     pub name: String,
-    pub source: Box<dyn RawSource>,
+    /// The kind of its source ("hdf5", "images", ...).
+    pub kind: &'static str,
+    pub source: Box<dyn Source>,
     pub preprocess: Preprocess,
     /// The fields of every sample: what preprocessing makes and the tiers keep.
     pub schema: Schema,
@@ -53,13 +55,14 @@ impl Dataset {
     pub fn new(
         id: u32,
         name: &str,
-        source: Box<dyn RawSource>,
+        source: Box<dyn Source>,
         preprocess: Preprocess,
         schema: Schema,
     ) -> Dataset {
         Dataset {
             id,
             name: name.to_string(),
+            kind: "",
             source,
             preprocess,
             served: schema.clone(),
@@ -248,6 +251,7 @@ impl Dataset {
                 .owner
                 .map(|uid| crate::access::name_of_user(uid).unwrap_or_else(|| uid.to_string()))
                 .unwrap_or_default(),
+            kind: self.kind.to_string(),
         }
     }
 }
@@ -504,6 +508,7 @@ fn open_dataset(id: u32, c: &DatasetConfig, limits: Limits) -> Result<Dataset> {
         );
     }
     let mut dataset = Dataset::new(id, &c.name, opened.source, opened.preprocess, opened.schema);
+    dataset.kind = opened.format.name();
     dataset.on_error = c.on_error;
     dataset.limits = limits;
     let mut allow: Vec<Grant> = c
@@ -516,15 +521,19 @@ fn open_dataset(id: u32, c: &DatasetConfig, limits: Limits) -> Result<Dataset> {
     allow.extend(c.owner.map(Grant::User));
     dataset.guard = Guard { allow, tcp: c.tcp };
     dataset.owner = c.owner;
-    let (eval, train) = pipelines(c, &dataset.schema)?;
+    let (eval, train) = pipelines(c, opened.format, &dataset.schema)?;
     dataset.with_pipelines(eval, train)
 }
 
 /// The eval and train pipelines the config asks for, on the stored fields `stored`: the box is
 /// drawn in the first field with H and W (an image folder's first image) and applied to the
 /// fields paired with it.
-fn pipelines(c: &DatasetConfig, stored: &Schema) -> Result<(Option<Pipeline>, Option<Pipeline>)> {
-    let size = c.crop_size().map(|s| (s, s));
+fn pipelines(
+    c: &DatasetConfig,
+    format: &dyn Format,
+    stored: &Schema,
+) -> Result<(Option<Pipeline>, Option<Pipeline>)> {
+    let size = c.crop_size(format.default_crop()).map(|s| (s, s));
     if size.is_none() && c.train.is_none() {
         return Ok((None, None));
     }
@@ -560,7 +569,7 @@ fn pipelines(c: &DatasetConfig, stored: &Schema) -> Result<(Option<Pipeline>, Op
         reference,
     });
     let train = c.train.as_ref().map(|t| Pipeline {
-        crop: match t.crop_kind(c.kind) {
+        crop: match t.crop.unwrap_or(format.default_train_crop()) {
             TrainCrop::RandomResized => Crop::RandomResized {
                 scale: (t.scale[0], t.scale[1]),
                 ratio: (t.ratio[0], t.ratio[1]),

@@ -1,9 +1,9 @@
 //! `larder demo`: makes a small HDF5 dataset, starts the daemon, runs training clients against it
 //! over gRPC and prints throughput and hit rates (its data: `synthetic`).
 
+use crate::cli_text::format_stats;
 use crate::client::{collect_batches, connect};
 use crate::config::Config;
-use crate::metrics::format_stats;
 use crate::proto::{GetStatsRequest, ListDatasetsRequest, StreamBatchesRequest};
 use crate::server::Daemon;
 use crate::synthetic::{make_dataset, make_segmentation, make_super_resolution};

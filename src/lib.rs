@@ -1,29 +1,31 @@
 //! larder: a node-local daemon that keeps GPUs fed with preprocessed samples.
 //!
 //! Data path: sampler (seeded, sharded order) -> tiers (memory -> scratch -> raw source +
-//! preprocessing) -> batch assembly -> gRPC stream or shared-memory ring. See README.md.
+//! preprocessing) -> batch assembly -> gRPC stream or shared-memory ring. See docs/design.md.
 
 pub mod access;
 pub mod alloc;
 pub mod catalog;
+pub mod cli_text;
 pub mod client;
 pub mod config;
 pub mod demo;
 pub mod error;
 pub mod fields;
 pub mod fingerprint;
-pub mod insight;
+pub mod input_bound;
 pub mod metrics;
+pub mod open_streams;
 pub mod peer;
 pub mod pipeline;
 pub mod prometheus_metrics;
-pub mod registry;
 pub mod sampler;
 pub mod server;
 pub mod source;
-pub mod streams;
+pub mod store;
 pub mod synthetic;
 pub mod tiers;
+pub mod user_datasets;
 pub mod workers;
 
 /// Generated gRPC types for `larder.v1`.

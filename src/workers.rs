@@ -21,7 +21,7 @@ struct Shared {
     /// Signalled when a job is queued or the pool closes.
     ready: Condvar,
     /// Nanoseconds the threads spent on jobs, per second lately (the pool's busy share).
-    busy: crate::insight::Recent<1>,
+    busy: crate::input_bound::Recent<1>,
 }
 
 #[derive(Default)]

@@ -92,7 +92,8 @@ struct AddArgs {
     name: String,
     /// The HDF5 file, or the image folder (class subfolders of JPEG/PNG files).
     path: PathBuf,
-    /// "hdf5" or "images" (default: images for a folder, hdf5 for a file).
+    /// The source's kind, e.g. "hdf5" or "images" (default: the kind the daemon recognises the
+    /// path as; `larder datasets` lists them).
     #[arg(long)]
     kind: Option<String>,
     /// HDF5: the dataset served as field "image" (default "images").
@@ -130,15 +131,14 @@ impl AddArgs {
         use toml::Value;
         let path = std::path::absolute(&self.path)?;
         let mut t = toml::Table::new();
-        let kind = self
-            .kind
-            .clone()
-            .unwrap_or_else(|| if path.is_dir() { "images" } else { "hdf5" }.to_string());
         t.insert(
             "path".into(),
             Value::String(path.to_string_lossy().into_owned()),
         );
-        t.insert("kind".into(), Value::String(kind));
+        // Without --kind, the daemon reads the path as the kind it recognises it as.
+        if let Some(kind) = &self.kind {
+            t.insert("kind".into(), Value::String(kind.clone()));
+        }
         for (key, v) in [("samples", &self.samples), ("labels", &self.labels)] {
             if let Some(v) = v {
                 t.insert(key.into(), Value::String(v.clone()));
@@ -232,7 +232,7 @@ async fn main() -> Result<()> {
         Command::Stats => {
             let mut client = connect(&args.addr).await?;
             let stats = client.get_stats(GetStatsRequest {}).await?.into_inner();
-            println!("{}", larder::metrics::format_stats(&stats));
+            println!("{}", larder::cli_text::format_stats(&stats));
         }
         Command::Top { once } => {
             let mut client = connect(&args.addr).await?;
@@ -247,7 +247,7 @@ async fn main() -> Result<()> {
                     .list_streams(larder::proto::ListStreamsRequest {})
                     .await?
                     .into_inner();
-                let frame = larder::metrics::format_top(&stats, &streams, &mut last);
+                let frame = larder::cli_text::format_top(&stats, &streams, &mut last);
                 if once {
                     print!("{frame}");
                     break;

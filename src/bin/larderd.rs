@@ -26,11 +26,19 @@ struct Args {
     address_file: Option<PathBuf>,
 }
 
+/// The config at `path`, its datasets of a known kind checked by their kind's format.
+fn load(path: &std::path::Path) -> Result<larder::config::Config> {
+    let config = larder::config::Config::load(path)?;
+    larder::source::check_config(&config)
+        .with_context(|| format!("in config file {}", path.display()))?;
+    Ok(config)
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     larder::init_logging("info");
     let args = Args::parse();
-    let config = larder::config::Config::load(&args.config)?;
+    let config = load(&args.config)?;
     let daemon = larder::server::Daemon::listen(config)
         .await
         .context("starting larderd")?;
@@ -57,7 +65,7 @@ async fn main() -> Result<()> {
             .expect("installing the SIGHUP handler");
         while hup.recv().await.is_some() {
             notify(&format!("RELOADING=1\nMONOTONIC_USEC={}", monotonic_usec()));
-            match larder::config::Config::load(&path) {
+            match load(&path) {
                 Ok(config) => {
                     tracing::info!(config = %path.display(), "reloading the datasets");
                     datasets.reload(config.datasets).await;

@@ -22,6 +22,35 @@ pub enum FieldOp {
         scale: u32,
         resample: Resample,
     },
+    /// A value stored as text or bytes, parsed into a typed one.
+    Parse(Parse),
+}
+
+/// How a stored value is parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parse {
+    /// A decimal integer as text (surrounding whitespace allowed: WebDataset's `.cls`, a
+    /// label file), served as an int64 scalar.
+    Int64Text,
+}
+
+impl Parse {
+    /// The value `data` holds.
+    pub fn apply(&self, data: &[u8]) -> Result<Value> {
+        match self {
+            Parse::Int64Text => {
+                let text = std::str::from_utf8(data)
+                    .ok()
+                    .map(str::trim)
+                    .filter(|t| t.len() <= 20)
+                    .context("not a decimal integer (not short UTF-8 text)")?;
+                let n: i64 = text
+                    .parse()
+                    .with_context(|| format!("{text:?} is not a decimal integer"))?;
+                Ok(Value::int64(n))
+            }
+        }
+    }
 }
 
 /// The size image folders keep their images at (the reference image's; paired ones at their
@@ -84,13 +113,15 @@ impl FieldOp {
     /// The field this op keeps from a raw field named `name`: images are [C, H, W] ([H, W] for
     /// index masks), H and W varying by sample unless `resize` makes them square.
     pub fn field(&self, name: &str, resize: &Resize) -> FieldSpec {
-        let FieldOp::Decode {
-            mode,
-            scale,
-            resample,
-        } = self
-        else {
-            return FieldSpec::fixed(name, DType::Int64, &[]);
+        let (mode, scale, resample) = match self {
+            FieldOp::Decode {
+                mode,
+                scale,
+                resample,
+            } => (mode, scale, resample),
+            FieldOp::Keep | FieldOp::Parse(Parse::Int64Text) => {
+                return FieldSpec::fixed(name, DType::Int64, &[])
+            }
         };
         let side = (resize.square && resize.shorter > 0).then_some(resize.shorter * scale);
         let mut dims = match mode {
@@ -141,14 +172,20 @@ fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample, limits: &Limits) -> 
     let mut kept: Option<(u32, u32)> = None;
     let mut out = Vec::with_capacity(raw.len());
     for (k, (op, value)) in ops.iter().zip(raw).enumerate() {
-        let FieldOp::Decode {
-            mode,
-            scale,
-            resample,
-        } = op
-        else {
-            out.push(value);
-            continue;
+        let (mode, scale, resample) = match op {
+            FieldOp::Keep => {
+                out.push(value);
+                continue;
+            }
+            FieldOp::Parse(parse) => {
+                out.push(parse.apply(&value.data)?);
+                continue;
+            }
+            FieldOp::Decode {
+                mode,
+                scale,
+                resample,
+            } => (mode, scale, resample),
         };
         let s = *scale;
         let decoded = (|| -> Result<Value> {
@@ -427,5 +464,32 @@ mod tests {
                 .unwrap_err()
         );
         assert!(err.contains("decoding image"), "{err}");
+    }
+
+    #[test]
+    fn parse_steps_read_text_as_typed_values() {
+        let resize = Resize {
+            shorter: 0,
+            max_size: None,
+            square: false,
+        };
+        let p = Preprocess::Images {
+            ops: vec![FieldOp::Keep, FieldOp::Parse(Parse::Int64Text)],
+            resize,
+        };
+        let raw = vec![Value::int64(3), Value::new(vec![4], b" 17\n".to_vec())];
+        let got = p.apply(raw, &Limits::default()).unwrap();
+        assert_eq!(got, vec![Value::int64(3), Value::int64(17)]);
+        assert_eq!(
+            FieldOp::Parse(Parse::Int64Text).field("cls", &resize),
+            FieldSpec::fixed("cls", DType::Int64, &[])
+        );
+        for bad in [&b"x1"[..], b"", b"\xff", b"99999999999999999999999"] {
+            let raw = vec![
+                Value::int64(0),
+                Value::new(vec![bad.len() as u32], bad.to_vec()),
+            ];
+            assert!(p.apply(raw, &Limits::default()).is_err(), "{bad:?}");
+        }
     }
 }

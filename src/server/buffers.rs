@@ -11,9 +11,8 @@
 //! buffers are let go oldest first past the byte limit, when unused for [`SPARE_IDLE`], and
 //! all at once when the machine runs short of memory ([`MessageBuffers::release`]).
 //!
-//! (Before: spares were counted by the length of the last batch written into them, and a
-//! batch's small field could take a large spare, so an allocation of tens of MB was counted as
-//! a few hundred bytes and the daemon kept gigabytes under a "256 MB" limit.)
+//! A spare is counted by its allocation's capacity, never by the length of the last batch
+//! written into it: a small field written into a large spare still counts tens of MB.
 
 use bytes::Bytes;
 use std::collections::VecDeque;

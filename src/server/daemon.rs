@@ -2,20 +2,20 @@
 //! socket until it is asked to stop.
 
 use super::buffers::{MessageBuffers, SPARE_IDLE};
-use super::datasets::Datasets;
-use super::sent::CountedBody;
+use super::held_messages::CountedBody;
+use super::reload::Datasets;
 use super::service::Service;
 use super::shm::{self, Rings};
 use super::shutdown::{self, Shutdown, Trigger};
 use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::open_streams::Streams;
 use crate::proto::larder_server::LarderServer;
-use crate::registry::Registry;
-use crate::streams::Streams;
-use crate::tiers::memory::{self, MemoryTier};
+use crate::store::Store;
+use crate::tiers::memory::MemoryTier;
 use crate::tiers::scratch::ScratchSpace;
-use crate::tiers::store::Store;
+use crate::user_datasets::Registry;
 use anyhow::{Context, Result};
 use futures::Stream;
 use std::net::SocketAddr;
@@ -99,7 +99,7 @@ impl Daemon {
             let buffers = buffers.clone();
             move || buffers.release()
         };
-        let watcher = tokio::spawn(memory::watch_available_memory(
+        let watcher = tokio::spawn(crate::tiers::watcher::watch_available_memory(
             memory.clone(),
             floor,
             Duration::from_millis(config.memory.watch_interval_ms.max(10)),

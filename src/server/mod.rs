@@ -8,15 +8,15 @@
 //! listeners).
 
 mod admission;
+mod batch_stream;
 pub mod buffers;
 mod daemon;
-pub mod datasets;
+mod held_messages;
 mod layout;
-mod sent;
+pub mod reload;
 mod service;
 pub mod shm;
 pub mod shutdown;
-mod stream;
 
 pub use daemon::Daemon;
 pub use service::Service;

@@ -2,28 +2,28 @@
 //! hold shared state only.
 
 use super::admission::admit;
+use super::batch_stream::{MeteredStream, Producer, Selection};
 use super::buffers::MessageBuffers;
-use super::datasets::Datasets;
 use super::layout::slot_offsets;
+use super::reload::Datasets;
 use super::shm::{Peer, Ring, Rings};
 use super::shutdown::{shutting_down, Shutdown};
-use super::stream::{MeteredStream, Producer, Selection};
 use crate::access::{Caller, Proofs};
 use crate::catalog::{Catalog, Dataset, PipelineKind};
 use crate::config::Config;
 use crate::error::{bad_request, precondition, quote, Error, Kind};
-use crate::insight::ClientReport;
+use crate::input_bound::ClientReport;
+use crate::open_streams::{StreamSpec, Streams};
 use crate::proto::larder_server::Larder;
 use crate::proto::{
     AddDatasetRequest, AddDatasetResponse, BadSample, Batch, DatasetInfo, GetStatsRequest,
     ListBadSamplesRequest, ListBadSamplesResponse, ListDatasetsRequest, ListDatasetsResponse,
     ListStreamsRequest, ListStreamsResponse, RemoveDatasetRequest, RemoveDatasetResponse,
-    ReportInputRequest, Stats, StreamBatchesRequest, StreamInfo, StreamPlan, UnavailableDataset,
-    VariableLayout, WarmProgress, WarmRequest,
+    ReportInputRequest, SourceKindRequest, SourceKindResponse, Stats, StreamBatchesRequest,
+    StreamInfo, StreamPlan, UnavailableDataset, VariableLayout, WarmProgress, WarmRequest,
 };
 use crate::sampler::{Plan, PlanRequest};
-use crate::streams::{StreamSpec, Streams};
-use crate::tiers::store::{no_scratch, Store};
+use crate::store::{no_scratch, Store};
 use futures::Stream;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -82,15 +82,15 @@ impl Service {
         self.streams.clone()
     }
 
-    /// A stream as `ListStreams` and `ReportInput` show it, judged (see `insight`) with the
+    /// A stream as `ListStreams` and `ReportInput` show it, judged (see `input_bound`) with the
     /// pool's busy share `pool_busy`.
-    fn stream_info(&self, s: &crate::streams::StreamSnapshot, pool_busy: f64) -> StreamInfo {
+    fn stream_info(&self, s: &crate::open_streams::StreamSnapshot, pool_busy: f64) -> StreamInfo {
         let open = s.open.as_secs_f64();
         // Without a fresh report from the client, the daemon's own measure, over the client
         // process's streams of the last minute (a job's epochs are streams of their own).
         let (run_open, run_wait) = self.streams.run_totals(s.spec.peer);
         let daemon = (s.open + run_open, s.stalled + run_wait);
-        let j = crate::insight::judge(&s.spec.dataset, s.report, daemon, s.mix, pool_busy);
+        let j = crate::input_bound::judge(&s.spec.dataset, s.report, daemon, s.mix, pool_busy);
         let per_second = |n: u64| if open > 0.0 { n as f64 / open } else { 0.0 };
         StreamInfo {
             id: s.id,
@@ -121,6 +121,8 @@ impl Service {
             cause: j.cause.to_string(),
             advice: j.advice,
             ready_batches: s.ready,
+            input_bound_above: crate::input_bound::INPUT_BOUND,
+            compute_bound_below: crate::input_bound::COMPUTE_BOUND,
         }
     }
 
@@ -128,9 +130,9 @@ impl Service {
     /// the pool's busy share.
     pub fn streams_view(
         &self,
-        shown: impl Fn(&crate::streams::StreamSnapshot) -> bool,
+        shown: impl Fn(&crate::open_streams::StreamSnapshot) -> bool,
     ) -> ListStreamsResponse {
-        let pool_busy = self.store.pool_busy(crate::insight::WINDOW);
+        let pool_busy = self.store.pool_busy(crate::input_bound::WINDOW);
         let mut response = ListStreamsResponse {
             pool_busy,
             ..Default::default()
@@ -202,7 +204,7 @@ impl Service {
                 + (spare + in_flight).saturating_sub(self.buffers.cap())
                 + allocator_free
                 + crate::alloc::UNACCOUNTED_ALLOWANCE,
-            pool_busy: self.store.pool_busy(crate::insight::WINDOW),
+            pool_busy: self.store.pool_busy(crate::input_bound::WINDOW),
             memory_configured_budget_bytes: mem.budget,
             message_budget_bytes: self.buffers.cap(),
             datasets: self
@@ -259,7 +261,7 @@ impl Service {
             return false;
         };
         entry.owner == id.uid
-            || crate::registry::parse(&entry).is_ok_and(|c| {
+            || crate::user_datasets::parse(&entry).is_ok_and(|c| {
                 c.allow
                     .iter()
                     .filter_map(|g| crate::access::Grant::parse(g).ok())
@@ -509,14 +511,14 @@ impl Larder for Service {
         let who = Caller::of(&request);
         let id = local(&who, "added")?;
         let r = request.into_inner();
-        if r.table.len() > crate::registry::MAX_TABLE_BYTES {
+        if r.table.len() > crate::user_datasets::MAX_TABLE_BYTES {
             return Err(bad_request(format!(
                 "the dataset's table takes {} bytes, over the {} one may",
                 r.table.len(),
-                crate::registry::MAX_TABLE_BYTES
+                crate::user_datasets::MAX_TABLE_BYTES
             )));
         }
-        if !crate::registry::valid_name(&r.name) {
+        if !crate::user_datasets::valid_name(&r.name) {
             return Err(bad_request(format!(
                 "dataset name {}: 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'",
                 quote(&r.name)
@@ -524,9 +526,9 @@ impl Larder for Service {
         }
         let user = crate::access::name_of_user(id.uid).unwrap_or_else(|| id.uid.to_string());
         let name = format!("{user}/{}", r.name);
-        crate::registry::parse_table(&name, &r.table)
+        crate::user_datasets::parse_table(&name, &r.table)
             .map_err(|e| bad_request(format!("dataset {}: {e:#}", quote(&name))))?;
-        let entry = crate::registry::Entry {
+        let entry = crate::user_datasets::Entry {
             name: name.clone(),
             owner: id.uid,
             table: r.table,
@@ -555,7 +557,7 @@ impl Larder for Service {
         request: Request<ListStreamsRequest>,
     ) -> Result<Response<ListStreamsResponse>, Status> {
         let who = Caller::of(&request);
-        let mine = |s: &crate::streams::StreamSnapshot| match (&who, s.spec.peer) {
+        let mine = |s: &crate::open_streams::StreamSnapshot| match (&who, s.spec.peer) {
             (w, _) if w.is_admin() => true,
             (Caller::Local(id), Some(p)) => p.uid == id.uid,
             _ => false,
@@ -584,8 +586,40 @@ impl Larder for Service {
             window_step: seconds(r.window_step_seconds),
         };
         let s = self.streams.report(r.stream_id, peer, &r.job, report)?;
-        let pool_busy = self.store.pool_busy(crate::insight::WINDOW);
+        let pool_busy = self.store.pool_busy(crate::input_bound::WINDOW);
         Ok(Response::new(self.stream_info(&s, pool_busy)))
+    }
+
+    async fn source_kind(
+        &self,
+        request: Request<SourceKindRequest>,
+    ) -> Result<Response<SourceKindResponse>, Status> {
+        let who = Caller::of(&request);
+        let id = local(&who, "asked about")?;
+        let path = std::path::PathBuf::from(request.into_inner().path);
+        if !path.is_absolute() {
+            return Err(bad_request(format!(
+                "path {} is not absolute",
+                path.display()
+            )));
+        }
+        // Looked at as the caller: a path they cannot see names no kind for them.
+        let uid = (id.uid != 0).then_some(id.uid);
+        let found = tokio::task::spawn_blocking(move || crate::source::recognize_as(uid, &path))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        let (kind, reason) = match found {
+            Ok(kind) => (kind.to_string(), String::new()),
+            Err(e) => (String::new(), format!("{e:#}")),
+        };
+        Ok(Response::new(SourceKindResponse {
+            kind,
+            reason,
+            kinds: crate::source::kinds()
+                .iter()
+                .map(|k| k.to_string())
+                .collect(),
+        }))
     }
 
     async fn get_stats(
@@ -739,7 +773,7 @@ impl Larder for Service {
     }
 }
 
-fn to_proto(p: crate::tiers::store::WarmProgress) -> WarmProgress {
+fn to_proto(p: crate::store::WarmProgress) -> WarmProgress {
     WarmProgress {
         done: p.done,
         total: p.total,

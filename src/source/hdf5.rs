@@ -1,14 +1,162 @@
 //! HDF5 files: each field is an HDF5 dataset [N, ...] of any numeric type, or a variable-length
 //! one-dimensional dataset [N] (clips of different lengths), read as stored.
 
-use super::{file_version, Opened, RawSample, RawSource, Stamp};
-use crate::config::{DatasetConfig, FieldConfig};
+use super::{file_version, Format, Opened, Provenance, RawSample, RawSource, Stamp};
+use crate::config::keys::keys_of;
+use crate::config::{DatasetConfig, FieldConfig, Limits, TrainCrop};
 use crate::fields::{DType, FieldSpec, Pairing, Schema, Value};
 use crate::pipeline::Preprocess;
 use anyhow::{bail, ensure, Context, Result};
 use hdf5::types::{FloatSize, IntSize, TypeDescriptor, VarLenArray};
 use hdf5::{Hyperslab, SliceOrIndex};
 use std::path::{Path, PathBuf};
+
+/// HDF5 files (`kind = "hdf5"`): each field an HDF5 dataset [N, ...] (or a variable-length
+/// [N] one) of one file, served as stored; granule: a chunk, or 1 MiB of a contiguous
+/// dataset.
+pub struct Hdf5;
+
+/// The keys of a `[[dataset]]` table only HDF5 reads: the shorthand for an image and a label.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DatasetKeys {
+    /// The HDF5 dataset served as field "image" (default "images" when no `[[dataset.field]]`
+    /// is given).
+    #[serde(default)]
+    samples: Option<String>,
+    /// An integer HDF5 dataset [N] served as field "label", as int64.
+    #[serde(default)]
+    labels: Option<String>,
+}
+
+/// The keys of a `[[dataset.field]]` table only HDF5 reads.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FieldKeys {
+    /// The HDF5 dataset in the file (default: the field's name).
+    #[serde(default)]
+    hdf5: Option<String>,
+    /// Read the values as this dtype (HDF5 converts once, when the sample is first read);
+    /// default: as stored.
+    #[serde(default)]
+    dtype: Option<DType>,
+}
+
+/// A field of an HDF5 dataset: its table, and the HDF5 dataset it is read from.
+#[derive(Debug, Clone)]
+pub struct Hdf5Field {
+    pub config: FieldConfig,
+    /// The HDF5 dataset in the file (default: the field's name).
+    pub hdf5: Option<String>,
+    /// The dtype values are read as (None: as stored).
+    pub dtype: Option<DType>,
+}
+
+impl Hdf5Field {
+    /// Field `name`, read from HDF5 dataset `hdf5`.
+    pub fn new(name: &str, hdf5: &str) -> Hdf5Field {
+        Hdf5Field {
+            config: FieldConfig::named(name),
+            hdf5: Some(hdf5.to_string()),
+            dtype: None,
+        }
+    }
+}
+
+impl std::ops::Deref for Hdf5Field {
+    type Target = FieldConfig;
+    fn deref(&self) -> &FieldConfig {
+        &self.config
+    }
+}
+
+impl Hdf5 {
+    /// The fields to serve: the `[[dataset.field]]` tables, or what the shorthand means.
+    fn fields(&self, c: &DatasetConfig) -> Result<Vec<Hdf5Field>> {
+        let keys: DatasetKeys = super::dataset_options(self, c)?;
+        if c.fields.is_empty() {
+            let mut fields = vec![Hdf5Field::new(
+                "image",
+                keys.samples.as_deref().unwrap_or("images"),
+            )];
+            if let Some(labels) = &keys.labels {
+                fields.push(Hdf5Field {
+                    dtype: Some(DType::Int64),
+                    ..Hdf5Field::new("label", labels)
+                });
+            }
+            return Ok(fields);
+        }
+        ensure!(
+            keys.samples.is_none() && keys.labels.is_none(),
+            "give either `samples`/`labels` or [[dataset.field]] tables, not both"
+        );
+        c.fields
+            .iter()
+            .map(|f| {
+                ensure!(
+                    f.mode.is_none(),
+                    "field {:?}: `mode` is for image fields",
+                    f.name
+                );
+                let k: FieldKeys = super::field_options(self, f)?;
+                Ok(Hdf5Field {
+                    config: f.clone(),
+                    hdf5: k.hdf5,
+                    dtype: k.dtype,
+                })
+            })
+            .collect()
+    }
+}
+
+impl Format for Hdf5 {
+    fn name(&self) -> &'static str {
+        "hdf5"
+    }
+
+    fn recognizes(&self, path: &Path) -> bool {
+        // The HDF5 signature, at offset 0 (a file with a user block has it at 512, 1024, ...).
+        use std::io::Read;
+        let mut head = [0u8; 8];
+        path.is_file()
+            && std::fs::File::open(path)
+                .and_then(|mut f| f.read_exact(&mut head))
+                .is_ok()
+            && head == *b"\x89HDF\r\n\x1a\n"
+            || path
+                .extension()
+                .is_some_and(|e| ["h5", "hdf5", "hdf"].contains(&e.to_string_lossy().as_ref()))
+    }
+
+    fn dataset_keys(&self) -> Vec<&'static str> {
+        keys_of::<DatasetKeys>()
+    }
+
+    fn field_keys(&self) -> Vec<&'static str> {
+        keys_of::<FieldKeys>()
+    }
+
+    fn check(&self, c: &DatasetConfig) -> Result<()> {
+        ensure!(
+            c.max_size.is_none() && !c.square,
+            "max_size and square are for image fields; HDF5 arrays are served as stored"
+        );
+        self.fields(c).map(drop)
+    }
+
+    fn default_crop(&self) -> Option<u32> {
+        None
+    }
+
+    fn default_train_crop(&self) -> TrainCrop {
+        TrainCrop::Random
+    }
+
+    fn open(&self, c: &DatasetConfig, _: &Limits) -> Result<Opened> {
+        open_dataset(c)
+    }
+}
 
 /// One field: an HDF5 dataset and how to read it.
 struct Field {
@@ -71,7 +219,7 @@ fn numeric(t: &TypeDescriptor) -> Option<DType> {
 impl Hdf5Source {
     /// Opens `path` and the HDF5 datasets of `fields`. Errors name the file, the field and the
     /// HDF5 dataset.
-    pub fn open(path: &Path, fields: &[FieldConfig]) -> Result<Hdf5Source> {
+    pub fn open(path: &Path, fields: &[Hdf5Field]) -> Result<Hdf5Source> {
         // larderd only reads, and takes no HDF5 file lock: on long-term storage without flock
         // (many NFS and Lustre mounts) the lock fails every open, and one held by any process
         // that has the file open (or inherited its descriptor) would keep the dataset from
@@ -197,7 +345,9 @@ impl RawSource for Hdf5Source {
         let names: Vec<&str> = self.fields.iter().map(|f| f.hdf5.as_str()).collect();
         format!("hdf5:{}#{}", self.path.display(), names.join(","))
     }
+}
 
+impl Provenance for Hdf5Source {
     fn version(&self) -> String {
         let names: Vec<&str> = self.fields.iter().map(|f| f.hdf5.as_str()).collect();
         format!("{}#{}", file_version(&self.path), names.join(","))
@@ -320,7 +470,7 @@ impl Field {
 }
 
 /// Opens the HDF5 dataset of field `fc` in `file`: its reader, its spec and its length.
-fn open_field(file: &hdf5::File, path: &Path, fc: &FieldConfig) -> Result<(Field, FieldSpec, u64)> {
+fn open_field(file: &hdf5::File, path: &Path, fc: &Hdf5Field) -> Result<(Field, FieldSpec, u64)> {
     let name = fc.hdf5.as_deref().unwrap_or(&fc.name);
     let what = || {
         format!(
@@ -329,11 +479,6 @@ fn open_field(file: &hdf5::File, path: &Path, fc: &FieldConfig) -> Result<(Field
             path.display()
         )
     };
-    ensure!(
-        fc.folder.is_none() && fc.mode.is_none() && fc.from.is_none(),
-        "{}: folder, mode and from are for image folders",
-        what()
-    );
     let missing = || {
         format!(
             "{}: no such dataset; the file has: {}",
@@ -476,11 +621,14 @@ fn granule(fields: &[Field]) -> u64 {
 }
 
 /// An HDF5 dataset as its `[[dataset]]` table describes it: arrays served as stored.
-pub fn open_dataset(c: &DatasetConfig) -> Result<Opened> {
-    let fields = c.field_configs();
+fn open_dataset(c: &DatasetConfig) -> Result<Opened> {
+    let fields = Hdf5.fields(c)?;
     let source = Hdf5Source::open(&c.path, &fields)?;
     let label = source.fields().iter().find(|f| f.name == "label");
-    if let (Some(labels), Some(label)) = (&c.labels, label) {
+    let labels = (c.fields.is_empty())
+        .then(|| fields.get(1).and_then(|f| f.hdf5.clone()))
+        .flatten();
+    if let (Some(labels), Some(label)) = (&labels, label) {
         ensure!(
             label.shape.is_empty(),
             "label dataset {labels:?} has shape {:?} per sample; `labels` takes one class \
@@ -497,6 +645,7 @@ pub fn open_dataset(c: &DatasetConfig) -> Result<Opened> {
         source: Box::new(source),
         preprocess: Preprocess::Identity,
         schema,
+        format: &Hdf5,
     })
 }
 
@@ -529,13 +678,10 @@ pub fn write_hdf5(
 mod tests {
     use super::*;
 
-    fn fields(names: &[(&str, &str)]) -> Vec<FieldConfig> {
+    fn fields(names: &[(&str, &str)]) -> Vec<Hdf5Field> {
         names
             .iter()
-            .map(|(name, hdf5)| FieldConfig {
-                hdf5: Some(hdf5.to_string()),
-                ..FieldConfig::named(name)
-            })
+            .map(|(name, hdf5)| Hdf5Field::new(name, hdf5))
             .collect()
     }
 

@@ -2,8 +2,9 @@
 //! each further image field the file of the same relative name (any image extension) in that
 //! field's folder: `images/` and `masks/`, or `lr/` and `hr/`.
 
-use super::{file_version, Opened, RawSample, RawSource};
-use crate::config::{DatasetConfig, FieldConfig, FieldFrom, ImageMode, Limits};
+use super::{file_version, read_capped, Format, Opened, Provenance, RawSample, RawSource};
+use crate::config::keys::keys_of;
+use crate::config::{DatasetConfig, FieldConfig, ImageMode, Limits, TrainCrop};
 use crate::fields::{Pairing, Resample, Schema, Value};
 use crate::pipeline::{FieldOp, Preprocess, Resize};
 use anyhow::{bail, ensure, Context, Result};
@@ -12,6 +13,138 @@ use std::path::{Path, PathBuf};
 
 /// File extensions read as images.
 const IMAGE_EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
+
+/// Folders of images (`kind = "images"`): class subfolders or flat, JPEG and PNG, optionally
+/// with paired folders (masks, low-/high-res pairs); granule: one sample.
+pub struct Images;
+
+/// The crop of image folders when `crop` is not set.
+pub const DEFAULT_IMAGE_CROP: u32 = 224;
+
+/// Where an image folder's field comes from when it is not a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FieldFrom {
+    /// The index of the file's class subfolder among the sorted class names (int64 scalar).
+    Class,
+}
+
+/// The keys of a `[[dataset]]` table only image folders read: none.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DatasetKeys {}
+
+/// The keys of a `[[dataset.field]]` table only image folders read.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FieldKeys {
+    /// The folder (relative to the dataset's path) whose files give this field, matched by
+    /// relative path without extension with the first image field's files. Default ".".
+    #[serde(default)]
+    folder: Option<PathBuf>,
+    /// A field that is not a file: "class" (the class label).
+    #[serde(default)]
+    from: Option<FieldFrom>,
+}
+
+/// A field of an image folder: its table, and where its values come from.
+#[derive(Debug, Clone)]
+pub struct ImageField {
+    pub config: FieldConfig,
+    /// The folder of its files, relative to the dataset's (None: the dataset's own).
+    pub folder: Option<PathBuf>,
+    /// A field that is not a file (the class label).
+    pub from: Option<FieldFrom>,
+}
+
+impl ImageField {
+    /// An image field `name` of the dataset's own folder.
+    pub fn named(name: &str) -> ImageField {
+        ImageField {
+            config: FieldConfig::named(name),
+            folder: None,
+            from: None,
+        }
+    }
+
+    /// Field `name`: the class of each file.
+    pub fn class(name: &str) -> ImageField {
+        ImageField {
+            from: Some(FieldFrom::Class),
+            ..ImageField::named(name)
+        }
+    }
+}
+
+impl std::ops::Deref for ImageField {
+    type Target = FieldConfig;
+    fn deref(&self) -> &FieldConfig {
+        &self.config
+    }
+}
+
+impl Images {
+    /// The fields to serve: the `[[dataset.field]]` tables, or the image and its class.
+    fn fields(&self, c: &DatasetConfig) -> Result<Vec<ImageField>> {
+        let _: DatasetKeys = super::dataset_options(self, c)?;
+        if c.fields.is_empty() {
+            return Ok(vec![ImageField::named("image"), ImageField::class("label")]);
+        }
+        c.fields
+            .iter()
+            .map(|f| {
+                let k: FieldKeys = super::field_options(self, f)?;
+                Ok(ImageField {
+                    config: f.clone(),
+                    folder: k.folder,
+                    from: k.from,
+                })
+            })
+            .collect()
+    }
+}
+
+impl Format for Images {
+    fn name(&self) -> &'static str {
+        "images"
+    }
+
+    fn recognizes(&self, path: &Path) -> bool {
+        path.is_dir()
+    }
+
+    fn dataset_keys(&self) -> Vec<&'static str> {
+        keys_of::<DatasetKeys>()
+    }
+
+    fn field_keys(&self) -> Vec<&'static str> {
+        keys_of::<FieldKeys>()
+    }
+
+    fn check(&self, c: &DatasetConfig) -> Result<()> {
+        let crop = c.crop_size(self.default_crop());
+        let kept = c.kept_size(crop);
+        if kept != 0 && crop.is_some_and(|c| kept < c) {
+            bail!(
+                "need crop <= resize (crop = {}, resize = {kept})",
+                crop.unwrap_or(0)
+            );
+        }
+        self.fields(c).map(drop)
+    }
+
+    fn default_crop(&self) -> Option<u32> {
+        Some(DEFAULT_IMAGE_CROP)
+    }
+
+    fn default_train_crop(&self) -> TrainCrop {
+        TrainCrop::RandomResized
+    }
+
+    fn open(&self, c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
+        open_dataset(c, limits)
+    }
+}
 
 /// What one raw field of an image folder is.
 enum Column {
@@ -88,18 +221,11 @@ fn stem_key(rel: &Path) -> PathBuf {
 impl ImageFolderSource {
     /// Opens the folder at `root` for `fields` (image fields have no `from`; the first of them
     /// names the samples).
-    pub fn open(root: &Path, fields: &[FieldConfig]) -> Result<ImageFolderSource> {
+    pub fn open(root: &Path, fields: &[ImageField]) -> Result<ImageFolderSource> {
         let primary = fields
             .iter()
             .find(|f| f.from.is_none())
             .with_context(|| format!("image folder {}: no image field", root.display()))?;
-        for f in fields {
-            ensure!(
-                f.hdf5.is_none() && f.dtype.is_none(),
-                "field {:?}: hdf5 and dtype are for HDF5 files",
-                f.name
-            );
-        }
         let primary_dir = root.join(primary.folder.as_deref().unwrap_or(Path::new(".")));
         let entries = sorted_entries(&primary_dir)
             .with_context(|| format!("image folder of field {:?}", primary.name))?;
@@ -240,7 +366,9 @@ impl RawSource for ImageFolderSource {
             None => format!("sample {index}"),
         }
     }
+}
 
+impl Provenance for ImageFolderSource {
     fn version(&self) -> String {
         self.version.clone()
     }
@@ -264,29 +392,6 @@ impl RawSource for ImageFolderSource {
                 )
             })
     }
-}
-
-/// The bytes of the regular file at `path`, if it holds at most `max` of them. Opened without
-/// blocking (a FIFO would wait for a writer), checked before it is read, read through a cap
-/// (it may grow meanwhile).
-fn read_capped(path: &Path, max: u64) -> Result<Vec<u8>> {
-    use std::io::Read;
-    // By this thread's identity (a registered dataset's owner's), never through a magic link.
-    let file = crate::access::open_no_magiclinks(path, libc::O_NONBLOCK | libc::O_NOCTTY)?;
-    let meta = file.metadata()?;
-    ensure!(meta.is_file(), "not a regular file");
-    ensure!(
-        meta.len() <= max,
-        "the file takes {} bytes, over the {max} a sample may (limits.max_sample_bytes)",
-        meta.len()
-    );
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
-    ensure!(
-        bytes.len() as u64 <= max,
-        "the file grew over the {max} bytes a sample may (limits.max_sample_bytes) while read"
-    );
-    Ok(bytes)
 }
 
 /// The files of a paired field's folder `dir` partnering the samples `rels` (matched by
@@ -349,10 +454,10 @@ fn paired_files(dir: &Path, field: &str, rels: &[PathBuf]) -> Result<Vec<PathBuf
 
 /// An image folder as its `[[dataset]]` table describes it: each image field decoded by its
 /// mode and kept resized, paired fields at their scale.
-pub fn open_dataset(c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
-    let fields = c.field_configs();
+fn open_dataset(c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
+    let fields = Images.fields(c)?;
     let resize = Resize {
-        shorter: c.kept_size(),
+        shorter: c.kept_size(c.crop_size(Images.default_crop())),
         max_size: c.max_size,
         square: c.square,
     };
@@ -405,6 +510,7 @@ pub fn open_dataset(c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
         source: Box::new(source),
         preprocess: Preprocess::Images { ops, resize },
         schema: Schema::new(specs)?,
+        format: &Images,
     })
 }
 
@@ -412,14 +518,8 @@ pub fn open_dataset(c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
 mod tests {
     use super::*;
 
-    fn classified() -> Vec<FieldConfig> {
-        vec![
-            FieldConfig::named("image"),
-            FieldConfig {
-                from: Some(FieldFrom::Class),
-                ..FieldConfig::named("label")
-            },
-        ]
+    fn classified() -> Vec<ImageField> {
+        vec![ImageField::named("image"), ImageField::class("label")]
     }
 
     #[test]
@@ -451,15 +551,15 @@ mod tests {
     }
 
     /// Fields "image" from images/ and "mask" from masks/.
-    fn image_and_mask() -> Vec<FieldConfig> {
+    fn image_and_mask() -> Vec<ImageField> {
         vec![
-            FieldConfig {
+            ImageField {
                 folder: Some("images".into()),
-                ..FieldConfig::named("image")
+                ..ImageField::named("image")
             },
-            FieldConfig {
+            ImageField {
                 folder: Some("masks".into()),
-                ..FieldConfig::named("mask")
+                ..ImageField::named("mask")
             },
         ]
     }

@@ -1,41 +1,223 @@
 //! Raw storage: where samples come from before preprocessing. A source reads a sample's raw
 //! fields, one value each (an array as stored, or an encoded image file).
+//!
+//! Each kind of source is a [`Format`] in a file of its own, listed once in [`FORMATS`]: its
+//! name, how it recognises a path, the keys of its table, its defaults and its open. Nothing
+//! else in the daemon names a kind.
 
+mod files;
 mod hdf5;
 mod images;
 mod owner;
 
-pub use self::hdf5::{write_hdf5, Hdf5Source, MAX_GRANULE};
-pub use self::images::ImageFolderSource;
+pub use self::files::{file_version, read_capped, Stamp};
+pub use self::hdf5::{write_hdf5, Hdf5Field, Hdf5Source, MAX_GRANULE};
+pub use self::images::{ImageField, ImageFolderSource};
 
-use crate::config::{DatasetConfig, Limits, SourceKind};
+use crate::config::keys::keys_of;
+use crate::config::{Config, DatasetConfig, FieldConfig, Limits, TrainCrop};
 use crate::fields::Schema;
 use crate::pipeline::Preprocess;
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
+use serde::de::DeserializeOwned;
 use std::path::Path;
+
+/// Every kind of source the daemon reads, in the order a path is offered to them.
+pub static FORMATS: &[&dyn Format] = &[&images::Images, &hdf5::Hdf5];
+
+/// A kind of source: what a `[[dataset]]` table with `kind = NAME` is read by.
+pub trait Format: Sync {
+    /// Its name in `kind = "..."`.
+    fn name(&self) -> &'static str;
+    /// Whether `path` is a dataset of this kind by its shape alone (a folder, a file's
+    /// extension or first bytes), looked at with the caller's rights.
+    fn recognizes(&self, path: &Path) -> bool;
+    /// The keys a `[[dataset]]` table of this kind may hold beyond those every kind reads.
+    fn dataset_keys(&self) -> Vec<&'static str>;
+    /// The keys its `[[dataset.field]]` tables may hold beyond those every kind reads.
+    fn field_keys(&self) -> Vec<&'static str>;
+    /// Checks the table's keys of this kind and the rules this kind adds.
+    fn check(&self, c: &DatasetConfig) -> Result<()>;
+    /// The crop batches carry when the table gives none (None: samples as stored).
+    fn default_crop(&self) -> Option<u32>;
+    /// The train pipeline's crop when `[dataset.train]` names none.
+    fn default_train_crop(&self) -> TrainCrop;
+    /// Opens the dataset (with its owner's rights: see `open`).
+    fn open(&self, c: &DatasetConfig, limits: &Limits) -> Result<Opened>;
+}
+
+/// The format named `kind`.
+pub fn format_named(kind: &str) -> Result<&'static dyn Format> {
+    FORMATS
+        .iter()
+        .copied()
+        .find(|f| f.name() == kind)
+        .with_context(|| {
+            format!(
+                "kind {kind:?} is not one larder reads (it reads: {})",
+                kinds().join(", ")
+            )
+        })
+}
+
+/// Every kind's name.
+pub fn kinds() -> Vec<&'static str> {
+    FORMATS.iter().map(|f| f.name()).collect()
+}
+
+/// The format that recognises `path` (looked at with this thread's rights).
+pub fn recognize(path: &Path) -> Result<&'static dyn Format> {
+    match std::fs::metadata(path) {
+        Err(e) => bail!("{}: {e}", path.display()),
+        Ok(_) => FORMATS
+            .iter()
+            .copied()
+            .find(|f| f.recognizes(path))
+            .with_context(|| {
+                format!(
+                    "{} is no dataset larder recognises; give `kind` (one of: {})",
+                    path.display(),
+                    kinds().join(", ")
+                )
+            }),
+    }
+}
+
+/// The format of dataset `c`: its `kind`, else the one that recognises its path.
+pub fn format_of(c: &DatasetConfig) -> Result<&'static dyn Format> {
+    match &c.kind {
+        Some(kind) => format_named(kind),
+        None => recognize(&c.path),
+    }
+    .with_context(|| format!("dataset {:?}", c.name))
+}
+
+/// Checks dataset `c` whole, for `format`: the keys every kind reads, then the kind's own.
+pub fn check_with(format: &dyn Format, c: &DatasetConfig) -> Result<()> {
+    c.validate()?;
+    let crop = c.crop_size(format.default_crop());
+    let context = || format!("dataset {:?} (kind {})", c.name, format.name());
+    if c.crop_pct.is_some() && crop.is_none() {
+        bail!("dataset {:?}: crop_pct needs a crop", c.name);
+    }
+    if let Some(t) = &c.train {
+        let kind = t.crop.unwrap_or(format.default_train_crop());
+        if kind == TrainCrop::RandomResized && crop.is_none() {
+            bail!("dataset {:?}: a random_resized train crop needs `crop` (the size boxes are resized to)", c.name);
+        }
+    }
+    format.check(c).with_context(context)
+}
+
+/// Checks dataset `c` as far as its table alone allows: whole when it gives `kind`; else the
+/// keys every kind reads, and that each other key is one some kind reads (the rest is checked
+/// when it is opened, as the kind its path is recognised as).
+pub fn check(c: &DatasetConfig) -> Result<()> {
+    if let Some(kind) = &c.kind {
+        let format = format_named(kind).with_context(|| format!("dataset {:?}", c.name))?;
+        return check_with(format, c);
+    }
+    c.validate()?;
+    let known = |key: &str, keys: fn(&dyn Format) -> Vec<&'static str>| {
+        FORMATS.iter().any(|f| keys(*f).contains(&key))
+    };
+    if let Some(key) = c.options.keys().find(|k| !known(k, |f| f.dataset_keys())) {
+        bail!("dataset {:?}: unknown key `{key}`", c.name);
+    }
+    for f in &c.fields {
+        if let Some(key) = f.options.keys().find(|k| !known(k, |f| f.field_keys())) {
+            bail!(
+                "dataset {:?}, field {:?}: unknown key `{key}`",
+                c.name,
+                f.name
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Checks every dataset of a config as far as its table alone allows (see `check`).
+pub fn check_config(config: &Config) -> Result<()> {
+    config.datasets.iter().try_for_each(check)
+}
+
+/// The kind-specific keys of a table, read as `T` (unknown keys refused, naming the keys every
+/// kind reads and those of this kind).
+pub fn options<T: DeserializeOwned>(
+    table: &toml::Table,
+    every: Vec<&'static str>,
+    own: Vec<&'static str>,
+) -> Result<T> {
+    if let Some(key) = table.keys().find(|k| !own.contains(&k.as_str())) {
+        let owners: Vec<&str> = FORMATS
+            .iter()
+            .filter(|f| {
+                f.dataset_keys().contains(&key.as_str()) || f.field_keys().contains(&key.as_str())
+            })
+            .map(|f| f.name())
+            .collect();
+        let hint = if owners.is_empty() {
+            String::new()
+        } else {
+            format!(" (it is for kind {})", owners.join(", "))
+        };
+        bail!(
+            "unknown key `{key}`{hint}; this table takes {}",
+            every
+                .iter()
+                .chain(&own)
+                .map(|k| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(toml::Value::Table(table.clone()).try_into()?)
+}
+
+/// The kind-specific keys of dataset table `c`, read as `T`.
+pub fn dataset_options<T: DeserializeOwned>(format: &dyn Format, c: &DatasetConfig) -> Result<T> {
+    options(
+        &c.options,
+        keys_of::<DatasetConfig>(),
+        format.dataset_keys(),
+    )
+}
+
+/// The kind-specific keys of field table `f`, read as `T`.
+pub fn field_options<T: DeserializeOwned>(format: &dyn Format, f: &FieldConfig) -> Result<T> {
+    options(&f.options, keys_of::<FieldConfig>(), format.field_keys())
+        .with_context(|| format!("field {:?}", f.name))
+}
 
 /// A dataset's source opened from its config table, with what its samples are (the schema)
 /// and how they are made ready before the tiers keep them.
 pub struct Opened {
-    pub source: Box<dyn RawSource>,
+    pub source: Box<dyn Source>,
     pub preprocess: Preprocess,
     pub schema: Schema,
+    /// The kind it was opened as.
+    pub format: &'static dyn Format,
 }
 
-/// Opens the dataset `c` describes, by its format: each format opens itself (a new one is its
-/// own file and a line here).
+/// Opens the dataset `c` describes, by its format, with its owner's rights (a dataset a user
+/// added: see `owner`), else the daemon's.
 pub fn open(c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
+    let open_format = || {
+        let format = format_of(c)?;
+        check_with(format, c)?;
+        format.open(c, limits)
+    };
     match owner::reader(c.owner) {
-        // A dataset a user added: opened and read with their rights.
-        Some(id) => owner::open(id, || open_format(c, limits)),
-        None => open_format(c, limits),
+        Some(id) => owner::open(id, open_format),
+        None => open_format(),
     }
 }
 
-fn open_format(c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
-    match c.kind {
-        SourceKind::Hdf5 => hdf5::open_dataset(c),
-        SourceKind::Images => images::open_dataset(c, limits),
+/// The kind `path` is read as, looked at with the rights of user `uid` (None: the daemon's).
+pub fn recognize_as(uid: Option<u32>, path: &Path) -> Result<&'static str> {
+    match owner::reader(uid) {
+        Some(id) => owner::run(&id, || recognize(path).map(|f| f.name())),
+        None => recognize(path).map(|f| f.name()),
     }
 }
 
@@ -74,7 +256,7 @@ fn found(n: u64) {
     });
 }
 
-/// A dataset of raw samples on long-term storage.
+/// Reading a dataset of raw samples on long-term storage: what the store asks of a source.
 pub trait RawSource: Send + Sync {
     /// Number of samples.
     fn len(&self) -> u64;
@@ -86,9 +268,10 @@ pub trait RawSource: Send + Sync {
             .pop()
             .ok_or_else(|| anyhow::anyhow!("sample {index} read as nothing"))
     }
-    /// Samples that are read about as cheaply together, as an aligned range, as one alone: on
-    /// a miss the store reads the whole range and fills the scratch tier with it, so a shuffled
-    /// cold epoch reads raw storage in ranges rather than sample by sample.
+    /// Samples that are read about as cheaply together, as an aligned range, as one alone (the
+    /// source's granule): on a miss the store reads the whole range and fills the scratch tier
+    /// with it, so a shuffled cold epoch reads raw storage in ranges rather than sample by
+    /// sample.
     fn read_granule(&self) -> u64 {
         1
     }
@@ -104,6 +287,15 @@ pub trait RawSource: Send + Sync {
     fn sample_name(&self, index: u64) -> String {
         format!("sample {index}")
     }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Where a source's samples come from, for the scratch tier (which version of the data its
+/// shards hold), for change detection and for access checks.
+pub trait Provenance: Send + Sync {
     /// Changes whenever the raw data may have changed (path, size, modification time), so the
     /// scratch tier can tell its shards are out of date.
     fn version(&self) -> String;
@@ -115,91 +307,160 @@ pub trait RawSource: Send + Sync {
         None
     }
     /// The files (and folders) a user must be able to read to be served this source without
-    /// a grant: checked as that user (see `access`).
-    /// (Built once, at open: a check must not allocate a million paths per request.)
+    /// a grant: checked as that user (see `access`). Built once, at open: a check must not
+    /// allocate a million paths per request.
     fn files(&self) -> std::sync::Arc<[std::path::PathBuf]>;
     /// The file or folder the source is: its status-change time stamps access checks (a chmod
     /// or chown of it changes that time, and no user can set it).
     fn root(&self) -> &Path;
-
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
-/// What identifies a file's contents without reading them: device, inode, birth time, size
-/// and modification time. A file truncated or written in place changes size or mtime; one
-/// replaced (renamed over, or deleted and made again, even on a reused inode number) changes
-/// inode or birth time, which no user can set. Not the status-change time: a chmod changes
-/// it, and access to a file changes without its contents (see `access`). A writer of the file
-/// who writes it in place and then sets its mtime back (`touch -d`) is not noticed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stamp {
-    dev: u64,
-    ino: u64,
-    btime_ns: Option<i128>,
-    len: u64,
-    mtime_ns: i128,
-}
+/// A source as the catalog holds it: read, and traced back to its files.
+pub trait Source: RawSource + Provenance {}
 
-impl Stamp {
-    /// The stamp of the file at `path` now (symlinks followed, as opening does).
-    pub fn of(path: &Path) -> std::io::Result<Stamp> {
-        Ok(Stamp::of_metadata(&std::fs::metadata(path)?))
-    }
+impl<T: RawSource + Provenance> Source for T {}
 
-    /// The stamp of the file `m` describes.
-    pub fn of_metadata(m: &std::fs::Metadata) -> Stamp {
-        use std::os::unix::fs::MetadataExt;
-        let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
-        let btime_ns = m
-            .created()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map(|d| d.as_nanos() as i128);
-        Stamp {
-            dev: m.dev(),
-            ino: m.ino(),
-            btime_ns,
-            len: m.len(),
-            mtime_ns: ns(m.mtime(), m.mtime_nsec()),
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error `check_config` gives for one dataset table (after `kind = "..."`).
+    fn error_of(kind: &str, table: &str) -> String {
+        let text =
+            format!("listen=\"a\"\n[[dataset]]\nname=\"d\"\npath=\"p\"\nkind=\"{kind}\"\n{table}");
+        match Config::parse(&text) {
+            Err(e) => format!("{e:#}"),
+            Ok(c) => check_config(&c).map_or_else(|e| format!("{e:#}"), |()| String::new()),
         }
     }
 
-    /// Why the file at `path` no longer has this stamp, if it does not.
-    pub fn changed(&self, path: &Path) -> Option<String> {
-        let why = match Stamp::of(path) {
-            Err(e) => format!("it no longer opens ({e})"),
-            Ok(now) if now == *self => return None,
-            Ok(now) if now.len != self.len => {
-                format!("its size went from {} to {} bytes", self.len, now.len)
-            }
-            Ok(now) if (now.dev, now.ino, now.btime_ns) != (self.dev, self.ino, self.btime_ns) => {
-                "it was replaced by another file".to_string()
-            }
-            Ok(_) => "it was written to (its modification time moved)".to_string(),
+    #[test]
+    fn each_kind_checks_its_own_keys() {
+        assert_eq!(error_of("hdf5", "samples=\"x\"\nlabels=\"y\""), "");
+        assert_eq!(
+            error_of("images", "[[dataset.field]]\nname=\"m\"\nfolder=\"masks\""),
+            ""
+        );
+        for (kind, table, says) in [
+            (
+                "hdf5",
+                "max_size=300",
+                "max_size and square are for image fields",
+            ),
+            (
+                "hdf5",
+                "labels=\"y\"\n[[dataset.field]]\nname=\"x\"",
+                "not both",
+            ),
+            ("hdf5", "bogus=1", "unknown key `bogus`; this table takes"),
+            (
+                "images",
+                "samples=\"x\"",
+                "unknown key `samples` (it is for kind hdf5)",
+            ),
+            (
+                "images",
+                "[[dataset.field]]\nname=\"x\"\nhdf5=\"x\"",
+                "field \"x\": unknown key `hdf5` (it is for kind hdf5)",
+            ),
+            (
+                "hdf5",
+                "[[dataset.field]]\nname=\"x\"\nfrom=\"class\"",
+                "(it is for kind images)",
+            ),
+            (
+                "hdf5",
+                "[[dataset.field]]\nname=\"x\"\nmode=\"rgb\"",
+                "`mode` is for image fields",
+            ),
+            ("images", "resize=100\ncrop=120", "crop <= resize"),
+            ("images", "crop=0\n[dataset.train]", "needs `crop`"),
+            ("images", "crop=0\ncrop_pct=0.9", "crop_pct"),
+            (
+                "hf",
+                "",
+                "kind \"hf\" is not one larder reads (it reads: images, hdf5)",
+            ),
+        ] {
+            let err = error_of(kind, table);
+            assert!(err.contains(says), "{kind} {table:?}: {err:?}");
+        }
+        // HDF5's train crop is a padded random crop, which needs no crop size.
+        assert_eq!(error_of("hdf5", "[dataset.train]\npadding=4"), "");
+        // Without `kind`: a key no kind reads is refused at once, the rest when it is opened.
+        let untyped = |table: &str| {
+            let c = Config::parse(&format!(
+                "listen=\"a\"\n[[dataset]]\nname=\"d\"\npath=\"p\"\n{table}"
+            ));
+            check_config(&c.unwrap()).map_or_else(|e| format!("{e:#}"), |()| String::new())
         };
-        Some(format!(
-            "{} changed since the daemon opened it: {why}; the dataset is not served until it is \
-             opened again",
-            path.display()
-        ))
+        assert_eq!(untyped("samples=\"x\""), "");
+        assert!(untyped("bogus=1").contains("unknown key `bogus`"));
+        assert!(untyped("[[dataset.field]]\nname=\"x\"\nbogus=1").contains("unknown key `bogus`"));
+    }
+
+    #[test]
+    fn kinds_are_recognised_by_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(recognize(dir.path()).unwrap().name(), "images");
+        let h5 = dir.path().join("data.bin");
+        write_hdf5(&h5, "x", &[1, 1], &[7], None).unwrap();
+        assert_eq!(recognize(&h5).unwrap().name(), "hdf5", "by its signature");
+        let text = dir.path().join("notes.txt");
+        std::fs::write(&text, "hello").unwrap();
+        let err = format!("{:#}", recognize(&text).err().unwrap());
+        assert!(
+            err.contains("no dataset larder recognises; give `kind`"),
+            "{err}"
+        );
+        let err = format!("{:#}", recognize(&dir.path().join("gone")).err().unwrap());
+        assert!(err.contains("No such file"), "{err}");
+    }
+
+    #[test]
+    fn the_shipped_example_config_checks() {
+        let c = Config::parse(include_str!("../../deploy/larder.toml")).unwrap();
+        check_config(&c).unwrap();
     }
 }
 
-/// Path, size, modification time and birth time of a file, as a version string (part of the
-/// scratch tier's fingerprint). The birth time is what a user cannot forge: a file deleted and
-/// made again with the same size and mtime (`touch -d`), even on the same inode number, has
-/// another one, so it never finds the shards of the file it replaced.
-fn file_version(path: &Path) -> String {
-    let meta = std::fs::metadata(path).ok();
-    let len = meta.as_ref().map_or(0, |m| m.len());
-    let nanos = |t: std::io::Result<std::time::SystemTime>| {
-        t.ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_nanos())
-    };
-    let mtime = meta.as_ref().map_or(0, |m| nanos(m.modified()));
-    let btime = meta.as_ref().map_or(0, |m| nanos(m.created()));
-    format!("{}:{len}:{mtime}:{btime}", path.display())
+/// docs/config.md lists every key the config structs and the formats read, and no other.
+#[cfg(test)]
+mod docs {
+    use super::FORMATS;
+    use crate::config::keys::key_paths;
+    use crate::config::{Config, DatasetConfig, FieldConfig};
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn docs_config_md_lists_every_key() {
+        let mut read: BTreeSet<String> = key_paths::<Config>("").into_iter().collect();
+        read.extend(key_paths::<DatasetConfig>("dataset."));
+        read.extend(key_paths::<FieldConfig>("dataset.field."));
+        for f in FORMATS {
+            read.extend(f.dataset_keys().iter().map(|k| format!("dataset.{k}")));
+            read.extend(f.field_keys().iter().map(|k| format!("dataset.field.{k}")));
+        }
+        // Tables are documented by their keys (a table given as a value, `pair`, has a row).
+        let tables: BTreeSet<String> = read
+            .iter()
+            .filter(|k| read.iter().any(|o| o.starts_with(&format!("{k}."))))
+            .filter(|k| k.as_str() != "dataset.field.pair")
+            .cloned()
+            .collect();
+        let read: BTreeSet<String> = read.difference(&tables).cloned().collect();
+        let text = include_str!("../../docs/config.md");
+        let documented: BTreeSet<String> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|l| l.split('`').next())
+            .map(str::to_string)
+            .collect();
+        let missing: Vec<_> = read.difference(&documented).collect();
+        let stale: Vec<_> = documented.difference(&read).collect();
+        assert!(
+            missing.is_empty() && stale.is_empty(),
+            "docs/config.md lacks {missing:?} and lists keys nothing reads: {stale:?}"
+        );
+    }
 }

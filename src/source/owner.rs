@@ -5,7 +5,7 @@
 //! user's file, or to /etc/shadow, is refused by the kernel as it would refuse them), and a
 //! 0600 file under a 0700 home reads while the daemon runs as its own user.
 
-use super::{Opened, RawSample, RawSource};
+use super::{Opened, Provenance, RawSample, RawSource, Source};
 use crate::access::{as_user, Identity};
 use anyhow::{anyhow, Result};
 use std::path::{Path, PathBuf};
@@ -22,7 +22,7 @@ pub fn reader(owner: Option<u32>) -> Option<Arc<Identity>> {
 }
 
 /// Runs `f` as `owner`; Err when the daemon cannot switch to them.
-fn run<T>(owner: &Identity, f: impl FnOnce() -> Result<T>) -> Result<T> {
+pub(super) fn run<T>(owner: &Identity, f: impl FnOnce() -> Result<T>) -> Result<T> {
     as_user(owner, f).map_err(|e| {
         anyhow!(
             "the daemon cannot read files as uid {} ({e}): it needs CAP_SETUID and CAP_SETGID \
@@ -46,7 +46,7 @@ pub fn open(owner: Arc<Identity>, open: impl FnOnce() -> Result<Opened>) -> Resu
 
 /// A source whose file accesses run as its owner.
 struct AsOwner {
-    inner: Box<dyn RawSource>,
+    inner: Box<dyn Source>,
     owner: Arc<Identity>,
 }
 
@@ -82,7 +82,9 @@ impl RawSource for AsOwner {
     fn sample_name(&self, index: u64) -> String {
         self.inner.sample_name(index)
     }
+}
 
+impl Provenance for AsOwner {
     fn version(&self) -> String {
         run(&self.owner, || Ok(self.inner.version())).unwrap_or_else(|e| format!("{e}"))
     }

@@ -1,21 +1,13 @@
-//! The memory tier: preprocessed samples within a byte budget, shared by all clients, and a
-//! watcher that gives memory back when the machine runs short. Which sample it lets go, and
+//! The memory tier: preprocessed samples within a byte budget, shared by all clients (the
+//! watcher that gives memory back when the machine runs short is `watcher`'s). Which sample it lets go, and
 //! whether a newcomer comes in, is its eviction policy's (`eviction/`; `NextUse` by default),
 //! which hears every open stream's future through it (`stream_opened`, `stream_at`,
 //! `stream_closed`).
 
-use super::eviction::{Eviction, NextUse, Size, StaleLru};
-use super::future::{OrderKey, Orders, StreamEvent};
+use super::eviction::{Eviction, Key, KeyMap, NextUse, PolicyName, Size, StaleLru};
+use super::orders::{OrderKey, Orders, StreamEvent};
 use bytes::Bytes;
-use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
-
-/// Which sample: (dataset id, sample index).
-pub type Key = (u32, u64);
-
-/// A map by sample, with a fast hash (seeded per process).
-pub type KeyMap<V> = HashMap<Key, V, foldhash::fast::RandomState>;
 
 /// Bookkeeping bytes charged per entry on top of the sample itself: the entry map's bucket and
 /// spare capacity (about 65-128 bytes), the policy's node and its map (about 64-85), the
@@ -65,17 +57,6 @@ pub struct MemoryTier {
     inner: Mutex<Inner>,
     /// The orders the open streams read, made outside the tier's lock.
     pub(crate) orders: Orders,
-}
-
-/// Which eviction policy a tier runs (`[memory] policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PolicyName {
-    /// Next use across the open streams, in bytes (`eviction::NextUse`).
-    #[default]
-    NextUse,
-    /// The fixed working set of the rounds before (`eviction::StaleLru`).
-    StaleLru,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -340,75 +321,4 @@ fn clock_cost() -> u64 {
         })
         .min()
         .unwrap_or(0)
-}
-
-/// The limit the memory tier should have so that the machine keeps `floor` bytes available:
-/// it may grow only into memory above the floor, and shrinks by however far below it the
-/// machine has fallen.
-pub fn limit_for(budget: u64, held: u64, available: u64, floor: u64) -> u64 {
-    if available >= floor {
-        budget.min(held.saturating_add(available - floor))
-    } else {
-        held.saturating_sub(floor - available)
-    }
-}
-
-/// Watches the machine's available memory and keeps the tier within it, forever.
-pub async fn watch_available_memory(
-    tier: std::sync::Arc<MemoryTier>,
-    floor: u64,
-    interval: Duration,
-    metrics: std::sync::Arc<crate::metrics::Metrics>,
-    release_buffers: impl Fn(),
-) {
-    let mut sys = sysinfo::System::new();
-    let mut ticker = tokio::time::interval(interval);
-    let mut short = false;
-    loop {
-        ticker.tick().await;
-        sys.refresh_memory();
-        let available = sys.available_memory();
-        metrics.set_machine_available(available);
-        let snap = tier.snapshot();
-        let limit = limit_for(snap.budget, snap.bytes, available, floor);
-        if available < floor && !short {
-            tracing::warn!(
-                available,
-                floor,
-                held = snap.bytes,
-                new_limit = limit,
-                "machine is short of memory; the memory tier is giving memory back"
-            );
-        } else if available >= floor && short {
-            tracing::info!(available, floor, "machine memory recovered");
-        }
-        short = available < floor;
-        if short {
-            // Spare buffers first: they cost a page fault per 4 KiB to make again, a sample
-            // costs a read and a decode.
-            release_buffers();
-        }
-        tier.set_limit(limit);
-        if short {
-            // What the tier let go, back to the machine now rather than at the allocator's
-            // leisure.
-            crate::alloc::give_back();
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn limit_follows_available_memory() {
-        // Plenty available: the budget.
-        assert_eq!(limit_for(100, 10, 1000, 100), 100);
-        // Close to the floor: may only grow into what is above it.
-        assert_eq!(limit_for(100, 10, 120, 100), 30);
-        // Below the floor: give back the deficit.
-        assert_eq!(limit_for(100, 50, 80, 100), 30);
-        assert_eq!(limit_for(100, 5, 0, 100), 0);
-    }
 }

@@ -5,7 +5,7 @@
 //! sample already in flight), the sample index (u64). A benchmarking aid: the file is the
 //! daemon user's, created afresh (never through a symlink), and off unless asked for.
 
-use crate::tiers::memory::Key;
+use crate::tiers::eviction::Key;
 use anyhow::{Context, Result};
 use std::fs::File;
 use std::io::{BufWriter, Write};

@@ -17,8 +17,25 @@ mod tests;
 pub use next_use::NextUse;
 pub use stale_lru::StaleLru;
 
-use super::future::StreamEvent;
-use super::memory::Key;
+use super::orders::StreamEvent;
+use std::collections::HashMap;
+
+/// Which sample: (dataset id, sample index).
+pub type Key = (u32, u64);
+
+/// A map by sample, with a fast hash (seeded per process).
+pub type KeyMap<V> = HashMap<Key, V, foldhash::fast::RandomState>;
+
+/// Which eviction policy a tier runs (`[memory] policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyName {
+    /// Next use across the open streams, in bytes (`eviction::NextUse`).
+    #[default]
+    NextUse,
+    /// A fixed working set: least recently used once stale (`eviction::StaleLru`).
+    StaleLru,
+}
 
 /// What an entry costs and saves: the bytes it holds in memory, and the bytes its miss reads
 /// from raw storage (what keeping it saves; a stand-in for decode time, which grows with it).

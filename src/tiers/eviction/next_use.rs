@@ -12,7 +12,7 @@
 //! GreedyDual-Size weigh the same way; weighing by bytes alone would keep small samples and
 //! lose byte hits). A newcomer comes in only if it would not itself be the one let go. Entries
 //! no open stream will read (datasets nobody streams now) go first, least recently used first:
-//! with no stream open this is a plain LRU, as the stale-LRU rule was.
+//! with no stream open this is a plain LRU.
 //!
 //! Bookkeeping: entries with a future sit in max-heaps by predicted time of next use, one per
 //! weight class (the weight rounded to a quarter power of two, so that within a class the order
@@ -22,8 +22,8 @@
 //! lookups) and every half a tier's worth of lookups.
 
 use super::{Eviction, Size};
-use crate::tiers::future::{Order, StreamEvent};
-use crate::tiers::memory::{Key, KeyMap};
+use super::{Key, KeyMap};
+use crate::tiers::orders::{Order, StreamEvent};
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashSet};
 use std::sync::Arc;
@@ -497,8 +497,9 @@ impl Eviction for NextUse {
 mod tests {
     use super::MAX_GHOSTS;
     use crate::sampler::epoch_order;
-    use crate::tiers::future::OrderKey;
-    use crate::tiers::memory::{cost_of, MemoryTier, PolicyName};
+    use crate::tiers::eviction::PolicyName;
+    use crate::tiers::memory::{cost_of, MemoryTier};
+    use crate::tiers::orders::OrderKey;
     use bytes::Bytes;
 
     /// A job: its seed, the epochs it reads, the lookup (of all jobs') it starts at, and an

@@ -7,8 +7,8 @@
 //! entries of a dataset nobody reads any more go stale and make room. With no stream open it is
 //! a plain LRU.
 
+use super::Key;
 use super::{Eviction, Size};
-use crate::tiers::memory::Key;
 use lru::LruCache;
 
 pub struct StaleLru {

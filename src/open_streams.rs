@@ -1,17 +1,17 @@
 //! The registry of open streams: for each, who opened it, on which dataset, its plan, where it
 //! is, what it has been served and how long its client has waited for batches. A stream is
 //! registered when it opens and leaves when its handle is dropped (the client got the whole
-//! epoch, went away, or the daemon stopped it). The memory tier's staleness window, the stats,
-//! and what comes next (the eviction policy reading every stream's future, the access check at
-//! open, per-job metrics) read it here.
+//! epoch, went away, or the daemon stopped it). The eviction policy (every stream's future),
+//! the access checks of running streams, the stats, `ListStreams` and the Prometheus
+//! exposition read it here.
 
 use crate::error::{Error, Kind};
-use crate::insight::{ClientReport, Recent, TierMix};
+use crate::input_bound::{ClientReport, Recent, TierMix};
 use crate::metrics::Metrics;
 use crate::peer::Peer;
 use crate::sampler::Plan;
-use crate::tiers::future::OrderKey;
 use crate::tiers::memory::MemoryTier;
+use crate::tiers::orders::OrderKey;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -103,11 +103,11 @@ pub struct StreamSnapshot {
     pub stalled: Duration,
     /// Batches ready ahead of the client.
     pub ready: u64,
-    /// Where its samples came from over `insight::WINDOW`.
+    /// Where its samples came from over `input_bound::WINDOW`.
     pub mix: TierMix,
     /// The job's name, as the client gave it (empty until it reports).
     pub job: String,
-    /// The client's report, while fresh (`insight::REPORT_FRESH`).
+    /// The client's report, while fresh (`input_bound::REPORT_FRESH`).
     pub report: Option<ClientReport>,
 }
 
@@ -312,10 +312,10 @@ impl StreamState {
                 .assembled
                 .load(Relaxed)
                 .saturating_sub(self.batches.load(Relaxed)),
-            mix: line.mix.sum(crate::insight::WINDOW).0,
+            mix: line.mix.sum(crate::input_bound::WINDOW).0,
             report: line
                 .report
-                .filter(|r| r.1.elapsed() < crate::insight::REPORT_FRESH)
+                .filter(|r| r.1.elapsed() < crate::input_bound::REPORT_FRESH)
                 .map(|r| r.0),
             job: line.job,
         }

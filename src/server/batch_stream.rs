@@ -9,13 +9,13 @@ use crate::access::{Caller, PROOF_TTL};
 use crate::catalog::Dataset;
 use crate::error::{quote, Error, Kind};
 use crate::fields::{FieldSpec, FieldView, Schema};
-use crate::insight::TierMix;
+use crate::input_bound::TierMix;
 use crate::metrics::Metrics;
+use crate::open_streams::StreamHandle;
 use crate::pipeline::{Cut, Pipeline};
 use crate::proto::{Batch, FieldBatch, VariableLayout};
 use crate::sampler::Plan;
-use crate::streams::StreamHandle;
-use crate::tiers::store::Store;
+use crate::store::Store;
 use anyhow::{ensure, Context, Result};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
@@ -137,7 +137,7 @@ pub struct Producer {
     pub who: Caller,
     pub catalog: Arc<crate::catalog::Catalog>,
     /// Tells the memory tier's policy which batch the stream reads.
-    pub cursor: crate::streams::Cursor,
+    pub cursor: crate::open_streams::Cursor,
 }
 
 impl Producer {
@@ -590,11 +590,11 @@ mod tests {
     use futures::StreamExt;
 
     fn metered(rx: mpsc::Receiver<Result<Batch, Status>>, start: u64, end: u64) -> MeteredStream {
-        let streams = crate::streams::Streams::new(
+        let streams = crate::open_streams::Streams::new(
             Arc::new(crate::tiers::memory::MemoryTier::new(1 << 20)),
             Arc::new(Metrics::default()),
         );
-        let handle = streams.open(crate::streams::StreamSpec {
+        let handle = streams.open(crate::open_streams::StreamSpec {
             peer: None,
             dataset: "test".into(),
             dataset_id: 0,

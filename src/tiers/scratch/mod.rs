@@ -1,5 +1,6 @@
-//! The scratch tier: preprocessed samples packed in shard files on fast local disk, read through
-//! memory maps.
+//! The scratch tier: preprocessed samples packed in shard files on fast local disk; index
+//! entries read through a memory map, records with one `pread` each. The disk's budget is
+//! `space`'s, the file format `shard`'s.
 //!
 //! Layout: `<scratch dir>/<dataset>-<fingerprint>/shard-NNNNNN.bin`. The fingerprint covers the
 //! raw data's version (path, size, mtime), the preprocessing and the fields, so changed data is
@@ -7,13 +8,6 @@
 //! sample's record, see `fields`). A shard file is allocated whole when created (a full disk
 //! fails there, not on a read of a mapped hole) and filled from both ends: records from the
 //! front, their index entries from the back.
-//!
-//! ```text
-//! header (64 bytes): "LARDSHD2" | fingerprint u64 | shard number u64 | capacity u64 | 0...
-//! records:           payload bytes, back to back, from byte 64 on
-//! entry k (24 bytes, at capacity - 24 (k + 1)):
-//!     sample u64 | offset u32 | len u32 | crc32(sample LE ++ payload) u32 | crc32(the first 20 bytes) u32
-//! ```
 //!
 //! A record's payload is written before its entry, and a reader finds it only through the
 //! in-memory index, which is set after both: a record is never seen half written. An entry of
@@ -23,308 +17,24 @@
 //! rebuilds its index from the entries alone, without reading the records, and serves every
 //! valid record it finds; the last entry of a sample wins.
 
+mod shard;
+mod space;
+
+use self::shard::*;
+pub use self::shard::{ENTRY_BYTES, MAX_SHARD_BYTES};
+use self::space::private_dir;
+pub use self::space::{ScratchSnapshot, ScratchSpace};
 pub use crate::fingerprint::fnv1a;
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use memmap2::Mmap;
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
-
-const FILE_MAGIC: &[u8; 8] = b"LARDSHD2";
-const HEADER_BYTES: u64 = 64;
-/// Bytes of one index entry.
-pub const ENTRY_BYTES: u64 = 24;
-/// Zero entries in a row a restart scans past (holes left by writes a crash interrupted; at most
-/// one per concurrent writer) before it takes the rest of the entry area as unused.
-const MAX_HOLES: u64 = 256;
-/// The largest shard: entries address payloads with 32-bit offsets.
-pub const MAX_SHARD_BYTES: u64 = u32::MAX as u64;
-/// After a write failure, how long the tier waits before trying to write again.
-const RETRY_WRITES_AFTER: Duration = Duration::from_secs(60);
-
-/// The scratch disk, shared by all datasets: its byte budget and its health.
-pub struct ScratchSpace {
-    root: PathBuf,
-    budget: u64,
-    used: AtomicU64,
-    corrupt: AtomicU64,
-    budget_full_logged: AtomicBool,
-    /// Why writing stopped, and until when.
-    paused: Mutex<Option<(String, Instant)>>,
-    /// Shard folders no dataset serves now (removed from the config, or an older version),
-    /// oldest first, with the bytes each counts in `used`: kept until their space is needed.
-    idle: Mutex<Vec<(PathBuf, u64)>>,
-    /// The datasets' tiers, which give up their oldest shards to another dataset when nobody
-    /// has read or written them for `quiet_after`.
-    tiers: Mutex<Vec<std::sync::Weak<ScratchTier>>>,
-    quiet_after: Duration,
-    /// The clock tiers note their last use on.
-    started: Instant,
-}
-
-/// How long a dataset's tier must go unread and unwritten before another dataset may take its
-/// shards' space.
-const QUIET_AFTER: Duration = Duration::from_secs(120);
-
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ScratchSnapshot {
-    pub used: u64,
-    pub budget: u64,
-    pub corrupt: u64,
-    /// Why the tier is not writing now, if it is not.
-    pub paused: Option<String>,
-}
-
-impl ScratchSpace {
-    /// Opens (creating) the scratch directory. `budget`: bytes all shard files may take; None
-    /// takes 80% of the disk's free space now.
-    pub fn open(root: &Path, budget: Option<u64>) -> Result<Arc<ScratchSpace>> {
-        private_dir(root)
-            .with_context(|| format!("creating scratch directory {}", root.display()))?;
-        let budget = match budget {
-            Some(b) => b,
-            None => {
-                let free = fs4::available_space(root)
-                    .with_context(|| format!("reading free space of {}", root.display()))?;
-                free / 10 * 8
-            }
-        };
-        Ok(Arc::new(ScratchSpace {
-            root: root.to_path_buf(),
-            budget,
-            used: AtomicU64::new(0),
-            corrupt: AtomicU64::new(0),
-            budget_full_logged: AtomicBool::new(false),
-            paused: Mutex::new(None),
-            idle: Mutex::new(vec![]),
-            tiers: Mutex::new(Vec::new()),
-            quiet_after: QUIET_AFTER,
-            started: Instant::now(),
-        }))
-    }
-
-    /// A space like this one whose tiers count as quiet after `quiet` (for tests).
-    #[cfg(test)]
-    fn with_quiet_after(root: &Path, budget: u64, quiet: Duration) -> Arc<ScratchSpace> {
-        let space = ScratchSpace::open(root, Some(budget)).unwrap();
-        let mut space = Arc::try_unwrap(space).ok().unwrap();
-        space.quiet_after = quiet;
-        Arc::new(space)
-    }
-
-    /// Counts `tier` among those whose shards may give way to another dataset's.
-    pub fn register(&self, tier: &Arc<ScratchTier>) {
-        let mut tiers = self.tiers.lock().unwrap_or_else(|e| e.into_inner());
-        tiers.retain(|t| t.strong_count() > 0);
-        tiers.push(Arc::downgrade(tier));
-    }
-
-    /// No longer counts `tier` (its dataset is gone: its folder is idle, whole).
-    pub fn deregister(&self, tier: &ScratchTier) {
-        let mut tiers = self.tiers.lock().unwrap_or_else(|e| e.into_inner());
-        tiers.retain(|t| t.upgrade().is_some_and(|t| !std::ptr::eq(t.as_ref(), tier)));
-    }
-
-    /// Milliseconds since the space opened (tiers note their last use in it).
-    fn now(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
-    }
-
-    /// Removes the oldest shard of the tier (other than `asking`) that has gone longest unread
-    /// and unwritten, if that is longer than `quiet_after`; false when there is none.
-    fn evict_quiet(&self, asking: &ScratchTier) -> bool {
-        let quiet = self.quiet_after.as_millis() as u64;
-        let now = self.now();
-        let tiers: Vec<Arc<ScratchTier>> = {
-            let tiers = self.tiers.lock().unwrap_or_else(|e| e.into_inner());
-            tiers.iter().filter_map(|t| t.upgrade()).collect()
-        };
-        let mut quiet_tiers: Vec<&Arc<ScratchTier>> = tiers
-            .iter()
-            .filter(|t| !std::ptr::eq(t.as_ref(), asking))
-            .filter(|t| now.saturating_sub(t.last_used.load(Relaxed)) >= quiet)
-            .collect();
-        quiet_tiers.sort_by_key(|t| t.last_used.load(Relaxed));
-        quiet_tiers.iter().any(|t| t.evict_oldest_shard())
-    }
-
-    /// Keeps the shard folders (`<name>-<16 hex digits>`) no dataset uses (those of older
-    /// versions of a dataset, of datasets no longer configured, or not open now) as idle: they
-    /// count against the budget and are removed, oldest first, when a dataset needs the space,
-    /// so a dataset commented out for a day, or one on a share not mounted yet, finds its
-    /// shards again. Other files are left alone.
-    pub fn keep_unused<'a>(&self, in_use: impl IntoIterator<Item = &'a Path>) {
-        let in_use: Vec<&Path> = in_use.into_iter().collect();
-        let Ok(entries) = std::fs::read_dir(&self.root) else {
-            return;
-        };
-        let mut found = vec![];
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let Some((_, hex)) = name.rsplit_once('-') else {
-                continue;
-            };
-            let ours =
-                hex.len() == 16 && hex.chars().all(|c| c.is_ascii_hexdigit()) && path.is_dir();
-            if ours && !in_use.contains(&path.as_path()) {
-                let modified = entry
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .unwrap_or(std::time::UNIX_EPOCH);
-                found.push((modified, path));
-            }
-        }
-        found.sort();
-        for (_, path) in found {
-            let bytes = self.idle_folder(&path);
-            self.used.fetch_add(bytes, Relaxed);
-        }
-    }
-
-    /// Counts the shard folder `dir` of a tier no dataset serves any more (its shards already
-    /// count against the budget) as idle: kept until its space is needed.
-    pub fn retire(&self, dir: &Path) {
-        self.idle_folder(dir);
-    }
-
-    /// Adds `dir` to the idle folders; the bytes its files take.
-    fn idle_folder(&self, dir: &Path) -> u64 {
-        let bytes: u64 = std::fs::read_dir(dir)
-            .map(|d| {
-                d.flatten()
-                    .filter_map(|e| e.metadata().ok())
-                    .map(|m| m.len())
-                    .sum()
-            })
-            .unwrap_or(0);
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.iter().any(|(p, _)| p == dir) {
-            return 0;
-        }
-        tracing::info!(path = %dir.display(), bytes, "scratch shards no dataset serves: kept until their space is needed");
-        idle.push((dir.to_path_buf(), bytes));
-        bytes
-    }
-
-    /// Takes a retired folder back into use (its dataset is served again): the bytes it
-    /// counted as idle, which the tier opening it counts again as its shards.
-    fn reclaim(&self, dir: &Path) -> u64 {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(k) = idle.iter().position(|(p, _)| p == dir) else {
-            return 0;
-        };
-        let (_, bytes) = idle.remove(k);
-        let _ = self
-            .used
-            .fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes)));
-        bytes
-    }
-
-    /// Removes the oldest idle folder; false when there is none.
-    fn evict_idle(&self) -> bool {
-        let oldest = {
-            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-            if idle.is_empty() {
-                return false;
-            }
-            idle.remove(0)
-        };
-        let (path, bytes) = oldest;
-        tracing::info!(path = %path.display(), bytes, "removing idle scratch shards to make room");
-        let _ = std::fs::remove_dir_all(&path);
-        let _ = self
-            .used
-            .fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(bytes)));
-        true
-    }
-
-    pub fn snapshot(&self) -> ScratchSnapshot {
-        let paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
-        ScratchSnapshot {
-            used: self.used.load(Relaxed),
-            budget: self.budget,
-            corrupt: self.corrupt.load(Relaxed),
-            paused: paused
-                .as_ref()
-                .filter(|(_, until)| Instant::now() < *until)
-                .map(|(why, _)| why.clone()),
-        }
-    }
-
-    fn writes_paused(&self) -> bool {
-        let paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
-        paused
-            .as_ref()
-            .is_some_and(|(_, until)| Instant::now() < *until)
-    }
-
-    /// Stops writing for a while after a failure (a full disk, most often), with one clear log line.
-    fn pause_writes(&self, why: String) {
-        let mut paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
-        tracing::error!(
-            "scratch tier stops writing for {}s: {why}; samples are served from memory and raw storage",
-            RETRY_WRITES_AFTER.as_secs()
-        );
-        *paused = Some((why, Instant::now() + RETRY_WRITES_AFTER));
-    }
-
-    /// Takes `bytes` of the budget for `asking` (removing idle folders, oldest first, then the
-    /// oldest shards of datasets nobody has used for a while, to make room), or says why not.
-    fn reserve(&self, bytes: u64, asking: &ScratchTier) -> bool {
-        let take = || {
-            self.used
-                .fetch_update(Relaxed, Relaxed, |used| {
-                    (used.saturating_add(bytes) <= self.budget).then_some(used + bytes)
-                })
-                .is_ok()
-        };
-        let mut ok = take();
-        while !ok && (self.evict_idle() || self.evict_quiet(asking)) {
-            ok = take();
-        }
-        if !ok && !self.budget_full_logged.swap(true, Relaxed) {
-            tracing::warn!(
-                budget = self.budget,
-                used = self.used.load(Relaxed),
-                "scratch budget is full; further samples are served from memory and raw storage"
-            );
-        }
-        ok
-    }
-}
-
-struct Shard {
-    number: u64,
-    file: File,
-    map: Mmap,
-    capacity: u64,
-}
-
-/// Where the next record of the shard being filled goes.
-struct Appender {
-    /// The shard being filled, if any.
-    shard: Option<Arc<Shard>>,
-    /// Next free payload byte.
-    tail: u64,
-    /// Next free entry.
-    slot: u64,
-}
-
-impl Appender {
-    /// Whether a record of `len` bytes and its entry fit in the shard being filled.
-    fn has_room(&self, len: u64) -> bool {
-        self.shard
-            .as_ref()
-            .is_some_and(|s| self.tail + len + ENTRY_BYTES * (self.slot + 1) <= s.capacity)
-    }
-}
 
 /// One dataset's shards.
 pub struct ScratchTier {
@@ -349,57 +59,6 @@ pub struct ScratchTier {
     stored: AtomicU64,
     stored_bytes: AtomicU64,
     appender: Mutex<Appender>,
-}
-
-/// An index entry.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Entry {
-    sample: u64,
-    offset: u32,
-    len: u32,
-    crc: u32,
-}
-
-impl Entry {
-    fn encode(&self) -> [u8; ENTRY_BYTES as usize] {
-        let mut e = [0u8; ENTRY_BYTES as usize];
-        e[0..8].copy_from_slice(&self.sample.to_le_bytes());
-        e[8..12].copy_from_slice(&self.offset.to_le_bytes());
-        e[12..16].copy_from_slice(&self.len.to_le_bytes());
-        e[16..20].copy_from_slice(&self.crc.to_le_bytes());
-        let check = crc32fast::hash(&e[0..20]);
-        e[20..24].copy_from_slice(&check.to_le_bytes());
-        e
-    }
-
-    /// None for an absent entry (zeros), Err for a corrupt one.
-    fn decode(e: &[u8]) -> Option<Result<Entry, ()>> {
-        if e.iter().all(|&b| b == 0) {
-            return None;
-        }
-        let u32_at = |i: usize| u32::from_le_bytes(e[i..i + 4].try_into().unwrap());
-        if crc32fast::hash(&e[0..20]) != u32_at(20) {
-            return Some(Err(()));
-        }
-        Some(Ok(Entry {
-            sample: u64::from_le_bytes(e[0..8].try_into().unwrap()),
-            offset: u32_at(8),
-            len: u32_at(12),
-            crc: u32_at(16),
-        }))
-    }
-}
-
-fn entry_pos(capacity: u64, slot: u64) -> u64 {
-    capacity - ENTRY_BYTES * (slot + 1)
-}
-
-fn pack(shard: u64, slot: u64) -> u64 {
-    (shard + 1) << 32 | slot
-}
-
-fn unpack(loc: u64) -> (u64, u64) {
-    ((loc >> 32) - 1, loc & 0xFFFF_FFFF)
 }
 
 impl ScratchTier {
@@ -894,18 +553,6 @@ impl ScratchTier {
     }
 }
 
-/// Gives `file` all the blocks of `size` bytes, and that length. (fs4's allocate alone leaves the
-/// length short when the blocks a file already has cover `size`.)
-/// The number of the shard file `path` (`shard-NNNNNN.bin`).
-fn shard_number(path: &Path) -> Option<u64> {
-    let name = path.file_name()?.to_str()?;
-    name.strip_prefix("shard-")?
-        .strip_suffix(".bin")?
-        .parse()
-        .ok()
-        .filter(|&n| n < 1 << 32)
-}
-
 /// The folder of a dataset's shards: its name (made safe for a path) and its fingerprint.
 fn folder_name(dataset: &str, fingerprint: u64) -> String {
     // A user's dataset USER/NAME keeps its '/' apart as '@' (no other character becomes one):
@@ -925,29 +572,6 @@ fn folder_name(dataset: &str, fingerprint: u64) -> String {
     format!("{safe}-{fingerprint:016x}")
 }
 
-/// Makes `dir` (and its parents) readable by the daemon alone: the tier holds decoded samples
-/// of files other users may not read, whatever the umask the daemon was started with.
-fn private_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
-    let mode = std::fs::metadata(dir)?.permissions().mode();
-    if mode & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    }
-    Ok(())
-}
-
-fn allocate(file: &File, size: u64) -> std::io::Result<()> {
-    fs4::FileExt::allocate(file, size)?;
-    if file.metadata()?.len() < size {
-        file.set_len(size)?;
-    }
-    Ok(())
-}
-
 /// Says what a failed scratch write means, a full disk above all.
 fn io_failure(e: std::io::Error, path: &Path) -> String {
     if e.kind() == std::io::ErrorKind::StorageFull {
@@ -957,26 +581,10 @@ fn io_failure(e: std::io::Error, path: &Path) -> String {
     }
 }
 
-fn checksum(index: u64, payload: &[u8]) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(&index.to_le_bytes());
-    h.update(payload);
-    h.finalize()
-}
-
-/// Records are read in shuffled order: no readahead, which would fill the page cache with the
-/// neighbours of every record read (tenfold the reads when the data does not fit in memory),
-/// through the mapping (index entries) or `pread` (records).
-fn random_access(map: &Mmap, file: &File) {
-    use std::os::fd::AsRawFd;
-    let _ = map.advise(memmap2::Advice::Random);
-    // SAFETY: advice on a descriptor this tier holds open.
-    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// Bytes of a shard of 4 records of 16 bytes.
     const SHARD4: u64 = HEADER_BYTES + 4 * (16 + ENTRY_BYTES);

@@ -7,8 +7,8 @@ use super::shutdown::Shutdown;
 use crate::catalog::{Catalog, Changes, Dataset};
 use crate::config::{DatasetConfig, Limits};
 use crate::error::{quote, Error, Kind};
-use crate::registry::{Entry, Registry};
-use crate::tiers::store::Store;
+use crate::store::Store;
+use crate::user_datasets::{Entry, Registry};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

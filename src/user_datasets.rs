@@ -256,7 +256,7 @@ pub fn parse_table(name: &str, table: &str) -> anyhow::Result<DatasetConfig> {
         "the table names no dataset: its name is given apart"
     );
     value.insert("name".into(), toml::Value::String(name.into()));
-    let c: DatasetConfig = value.try_into()?;
+    let c = DatasetConfig::from_table(value)?;
     anyhow::ensure!(
         c.path.is_absolute(),
         "path {} is not absolute",
@@ -266,7 +266,9 @@ pub fn parse_table(name: &str, table: &str) -> anyhow::Result<DatasetConfig> {
         !c.tcp,
         "tcp = true is for the admin's datasets (TCP clients have no identity)"
     );
-    c.validate()?;
+    // Without `kind`, the rest is checked when it is opened (as the kind its path is
+    // recognised as, looked at with the owner's rights).
+    crate::source::check(&c)?;
     Ok(c)
 }
 
