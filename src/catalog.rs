@@ -4,7 +4,7 @@ use crate::access::{Grant, Guard};
 use crate::config::{DatasetConfig, Limits, OnError, TrainCrop};
 use crate::error::Kind;
 use crate::fields::Schema;
-use crate::fingerprint::fnv1a;
+use crate::fingerprint::{fingerprint, Fingerprint};
 use crate::pipeline::{Crop, Pipeline, Preprocess, Spatial};
 use crate::source::{Format, RawSample, Source};
 use anyhow::{bail, ensure, Context, Result};
@@ -153,7 +153,7 @@ impl Dataset {
     /// A user's dataset's fingerprint holds their uid: two users who add the same files keep
     /// scratch shards apart (one may be able to list a folder whose files only the other can
     /// read; the shards would hand the second what only the first could read).
-    pub fn fingerprint(&self) -> u64 {
+    pub fn fingerprint(&self) -> Fingerprint {
         let owner = self.owner.map(|uid| uid.to_le_bytes());
         let (version, preprocess, schema) = (
             self.source.version(),
@@ -167,7 +167,7 @@ impl Dataset {
         if let Some(o) = &owner {
             parts.push(o);
         }
-        fnv1a(&parts)
+        fingerprint(&parts)
     }
 
     pub fn len(&self) -> u64 {

@@ -183,12 +183,12 @@ def test_sigkill_mid_epoch_and_mid_warm_then_restart_serves_every_sample_exactly
 
 
 def entries(shard: pathlib.Path) -> list:
-    """The valid index entries of `shard` (layout: src/tiers/scratch.rs): (sample, offset,
+    """The valid index entries of `shard` (layout: src/tiers/scratch/shard.rs): (sample, offset,
     length) of each record, read from the back of the file, holes (entries of zeros) skipped.
     None for a file a crash left without its header (allocated, the header not yet written),
     which the daemon removes at start."""
     data = shard.read_bytes()
-    if data[:8] != b"LARDSHD2" or struct.unpack_from("<Q", data, 24)[0] != len(data):
+    if data[:8] != b"LARDSHD3" or struct.unpack_from("<Q", data, 32)[0] != len(data):
         return []
     capacity = len(data)
     out, holes, at = [], 0, capacity - 24

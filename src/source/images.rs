@@ -288,18 +288,18 @@ impl ImageFolderSource {
         }
         // A fixed hash (not DefaultHasher, whose output may change between builds): the scratch
         // tier finds its shards again by it after an upgrade.
-        let mut hash = 0u64;
+        let mut hash = 0u128;
         let mut sizes = vec![0u64; rels.len()];
         for c in &columns {
             if let Column::Files(files) = c {
                 for (i, path) in files.iter().enumerate() {
                     let v = file_version(path);
-                    hash = crate::fingerprint::fnv1a(&[&hash.to_le_bytes(), v.as_bytes()]);
+                    hash = crate::fingerprint::fingerprint(&[&hash.to_le_bytes(), v.as_bytes()]);
                     sizes[i] += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
                 }
             }
         }
-        let version = format!("{}:{}:{:016x}", root.display(), rels.len(), hash);
+        let version = format!("{}:{}:{:032x}", root.display(), rels.len(), hash);
         let files = access_files(root, &folders, &columns);
         Ok(ImageFolderSource {
             root: root.to_path_buf(),

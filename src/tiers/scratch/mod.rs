@@ -24,7 +24,7 @@ use self::shard::*;
 pub use self::shard::{ENTRY_BYTES, MAX_SHARD_BYTES};
 use self::space::private_dir;
 pub use self::space::{ScratchSnapshot, ScratchSpace};
-pub use crate::fingerprint::fnv1a;
+use crate::fingerprint::Fingerprint;
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use memmap2::Mmap;
@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex, RwLock};
 pub struct ScratchTier {
     space: Arc<ScratchSpace>,
     dir: PathBuf,
-    fingerprint: u64,
+    fingerprint: Fingerprint,
     len: u64,
     /// Size of a new shard (capped by what the rest of the dataset needs).
     shard_bytes: u64,
@@ -67,7 +67,7 @@ impl ScratchTier {
     pub fn open(
         space: &Arc<ScratchSpace>,
         dataset: &str,
-        fingerprint: u64,
+        fingerprint: Fingerprint,
         len: u64,
         record_estimate: u64,
         shard_bytes: u64,
@@ -134,12 +134,7 @@ impl ScratchTier {
     }
 
     fn header(&self, number: u64, capacity: u64) -> [u8; HEADER_BYTES as usize] {
-        let mut h = [0u8; HEADER_BYTES as usize];
-        h[0..8].copy_from_slice(FILE_MAGIC);
-        for (i, v) in [self.fingerprint, number, capacity].iter().enumerate() {
-            h[8 + 8 * i..16 + 8 * i].copy_from_slice(&v.to_le_bytes());
-        }
-        h
+        header(self.fingerprint, number, capacity)
     }
 
     /// Opens shard `number` if its file exists, whole, with the right header, and indexes its
@@ -151,7 +146,7 @@ impl ScratchTier {
         let mut header = [0u8; HEADER_BYTES as usize];
         let len = file.metadata().ok()?.len();
         let read = file.read_exact_at(&mut header, 0);
-        let capacity = u64::from_le_bytes(header[24..32].try_into().unwrap());
+        let capacity = u64::from_le_bytes(header[32..40].try_into().unwrap());
         if read.is_err() || header != self.header(number, capacity) || capacity != len {
             tracing::warn!(path = %path.display(), len, "scratch shard has a bad header or was cut short; removing it (its samples will be refetched)");
             let _ = std::fs::remove_file(&path);
@@ -502,7 +497,7 @@ impl ScratchTier {
     }
 
     /// The folder holding this dataset's shards.
-    pub fn fingerprint(&self) -> u64 {
+    pub fn fingerprint(&self) -> Fingerprint {
         self.fingerprint
     }
 
@@ -554,7 +549,7 @@ impl ScratchTier {
 }
 
 /// The folder of a dataset's shards: its name (made safe for a path) and its fingerprint.
-fn folder_name(dataset: &str, fingerprint: u64) -> String {
+fn folder_name(dataset: &str, fingerprint: Fingerprint) -> String {
     // A user's dataset USER/NAME keeps its '/' apart as '@' (no other character becomes one):
     // the config's names hold no '/', and a user's fingerprint holds their uid.
     let safe: String = dataset
@@ -569,7 +564,7 @@ fn folder_name(dataset: &str, fingerprint: u64) -> String {
             }
         })
         .collect();
-    format!("{safe}-{fingerprint:016x}")
+    format!("{safe}-{fingerprint:032x}")
 }
 
 /// Says what a failed scratch write means, a full disk above all.
@@ -589,13 +584,38 @@ mod tests {
     /// Bytes of a shard of 4 records of 16 bytes.
     const SHARD4: u64 = HEADER_BYTES + 4 * (16 + ENTRY_BYTES);
 
-    fn tier(space: &Arc<ScratchSpace>, fp: u64) -> ScratchTier {
+    fn tier(space: &Arc<ScratchSpace>, fp: Fingerprint) -> ScratchTier {
         // 10 samples of 16 bytes, 4 records per shard: shards of 4, 4 and 2 records.
         ScratchTier::open(space, "ds", fp, 10, 16, SHARD4).unwrap()
     }
 
     fn sample(i: u64) -> Vec<u8> {
         (0..16).map(|o| (i * 16 + o) as u8).collect()
+    }
+
+    #[test]
+    fn shards_of_another_format_version_are_never_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let space = ScratchSpace::open(dir.path(), Some(1 << 20)).unwrap();
+        let t = tier(&space, 1);
+        for i in 0..10 {
+            assert!(t.write(i, &sample(i)));
+        }
+        let files = t.shard_files();
+        drop(t);
+        // The same shard with the magic of format 2 (64-bit fingerprints), every other byte
+        // as it was: not read, removed, and its samples fetched again.
+        let first = &files[0];
+        let mut bytes = std::fs::read(first).unwrap();
+        bytes[0..8].copy_from_slice(b"LARDSHD2");
+        std::fs::write(first, &bytes).unwrap();
+        let space = ScratchSpace::open(dir.path(), Some(1 << 20)).unwrap();
+        let t = tier(&space, 1);
+        assert!((0..4).all(|i| t.read(i).is_none()), "format 2's records");
+        assert!(!first.exists(), "removed");
+        assert!((4..10).all(|i| t.read(i).unwrap() == sample(i)));
+        assert!(t.write(0, &sample(0)));
+        assert_eq!(t.read(0).unwrap(), sample(0));
     }
 
     #[test]
@@ -629,7 +649,11 @@ mod tests {
 
         // A new version of the data: nothing stale is served; the old shards are kept, idle,
         // until their space is needed.
-        std::fs::write(dir.path().join("notes-0123456789abcdef"), "not ours").unwrap();
+        std::fs::write(
+            dir.path().join("notes-0123456789abcdef0123456789abcdef"),
+            "not ours",
+        )
+        .unwrap();
         let small = HEADER_BYTES + 12 * (16 + ENTRY_BYTES);
         let space = ScratchSpace::open(dir.path(), Some(used + small)).unwrap();
         let t2 = tier(&space, 2);
@@ -642,7 +666,10 @@ mod tests {
             assert!(t2.write(i, &sample(i)), "room made for sample {i}");
         }
         assert!(!old.exists(), "removed when its space was needed");
-        assert!(dir.path().join("notes-0123456789abcdef").exists());
+        assert!(dir
+            .path()
+            .join("notes-0123456789abcdef0123456789abcdef")
+            .exists());
         // A dataset no longer served: its folder idle, and taken back if it comes back.
         space.retire(t2.dir());
         let back = tier(&space, 2);
@@ -889,11 +916,5 @@ mod tests {
             .sum();
         let overhead = (files - n * record) as f64 / (n * record) as f64;
         assert!(overhead < 0.01, "{:.3}%", overhead * 100.0);
-    }
-
-    #[test]
-    fn fingerprints_are_stable() {
-        assert_eq!(fnv1a(&[b"a", b"bc"]), fnv1a(&[b"a", b"bc"]));
-        assert_ne!(fnv1a(&[b"a", b"bc"]), fnv1a(&[b"ab", b"c"]));
     }
 }

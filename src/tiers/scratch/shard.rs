@@ -1,20 +1,32 @@
 //! The shard file format: a header, records from the front, their index entries from the back.
 //!
 //! ```text
-//! header (64 bytes): "LARDSHD2" | fingerprint u64 | shard number u64 | capacity u64 | 0...
+//! header (64 bytes): "LARDSHD3" | fingerprint u128 | shard number u64 | capacity u64 | 0...
 //! records:           payload bytes, back to back, from byte 64 on
 //! entry k (24 bytes, at capacity - 24 (k + 1)):
 //!     sample u64 | offset u32 | len u32 | crc32(sample LE ++ payload) u32 | crc32(the first 20 bytes) u32
 //! ```
 //!
-//! An entry of zeros is absent; an entry or payload whose checksum fails is corrupt.
+//! An entry of zeros is absent; an entry or payload whose checksum fails is corrupt. A file of
+//! another format version (another magic) is never read: its dataset's samples are fetched
+//! again and written in this one.
 
 use memmap2::Mmap;
 use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
-pub(super) const FILE_MAGIC: &[u8; 8] = b"LARDSHD2";
+/// The header of shard `number` of the dataset with `fingerprint`, `capacity` bytes long.
+pub(super) fn header(fingerprint: u128, number: u64, capacity: u64) -> [u8; HEADER_BYTES as usize] {
+    let mut h = [0u8; HEADER_BYTES as usize];
+    h[0..8].copy_from_slice(FILE_MAGIC);
+    h[8..24].copy_from_slice(&fingerprint.to_le_bytes());
+    h[24..32].copy_from_slice(&number.to_le_bytes());
+    h[32..40].copy_from_slice(&capacity.to_le_bytes());
+    h
+}
+
+pub(super) const FILE_MAGIC: &[u8; 8] = b"LARDSHD3";
 pub(super) const HEADER_BYTES: u64 = 64;
 /// Bytes of one index entry.
 pub const ENTRY_BYTES: u64 = 24;

@@ -118,8 +118,9 @@ impl ScratchSpace {
         quiet_tiers.iter().any(|t| t.evict_oldest_shard())
     }
 
-    /// Keeps the shard folders (`<name>-<16 hex digits>`) no dataset uses (those of older
-    /// versions of a dataset, of datasets no longer configured, or not open now) as idle: they
+    /// Keeps the shard folders (`<name>-<32 hex digits>`, or 16 for those of shard format 2,
+    /// which no dataset reads) no dataset uses (those of older versions of a dataset, of
+    /// datasets no longer configured, or not open now) as idle: they
     /// count against the budget and are removed, oldest first, when a dataset needs the space,
     /// so a dataset commented out for a day, or one on a share not mounted yet, finds its
     /// shards again. Other files are left alone.
@@ -135,8 +136,9 @@ impl ScratchSpace {
             let Some((_, hex)) = name.rsplit_once('-') else {
                 continue;
             };
-            let ours =
-                hex.len() == 16 && hex.chars().all(|c| c.is_ascii_hexdigit()) && path.is_dir();
+            let ours = (hex.len() == 32 || hex.len() == 16)
+                && hex.chars().all(|c| c.is_ascii_hexdigit())
+                && path.is_dir();
             if ours && !in_use.contains(&path.as_path()) {
                 let modified = entry
                     .metadata()
