@@ -1,7 +1,9 @@
 """Side by side, in one run on the same files: how fast samples reach a training loop.
 
     PYTHONPATH=python .venv/bin/python benches/delivery.py [--larderd target/release/larderd]
-        [--shapes 3x32x32,3x64x64,3x224x224] [--mb 300] [--epochs 2]
+        [--shapes 3x32x32,3x64x64,3x224x224] [--mb 300] [--epochs 3] [--oom-mb MB]
+        [--out benches/results] [--plot]
+    PYTHONPATH=python .venv/bin/python benches/delivery.py --shapes 3x32x32 --mb 5 --epochs 1   (smoke)
 
 For each sample shape it writes one HDF5 file (uint8 images [N, ...] and int64 labels, about
 --mb MB), then measures, with the data in the page cache and larder's memory tier warm:
@@ -30,6 +32,11 @@ fit in memory (the seed notes' 13 GB set on a 16 GB machine, scaled down): a 3x6
 size, the page cache dropped before each run; the baseline runs in a memory cgroup of half the
 dataset plus 1 GB for Python, torch and its two workers; larderd and the training process
 together in one of the same size, larderd with a memory tier of 80% of the half.
+
+The figures go to --out (see benches/results.py): delivery.json and delivery.csv, a row per
+shape (each setup's samples/s, GB/s and ratio to the baseline); --plot draws delivery.png, each
+shape's samples/s per setup, log scale. The --oom-mb case goes to delivery-oom.json, .csv and
+.png (both setups' samples/s), so a run of it alone (--shapes "") leaves the shapes' files be.
 """
 
 import argparse
@@ -48,12 +55,24 @@ from torch.utils.data import DataLoader, Dataset
 import grpc
 
 import larder
+import results
 from larder.torch import LarderIterableDataset
 from larder.torch import DataLoader as LarderDataLoader
 from larder.v1 import larder_pb2 as pb
 from larder.v1.larder_pb2_grpc import LarderStub
 
 BATCH = 128
+# The table's columns: the key of each setup in the results' rows, and its heading.
+SETUPS = [
+    ("baseline", "baseline h5py DataLoader x2"),
+    ("bytes_before", "larder bytes, the client before"),
+    ("bytes", "larder bytes"),
+    ("shm", "larder shm"),
+    ("recommended", "larder torch (recommended)"),
+    ("port", "larder.torch.DataLoader, a port's 4 workers"),
+    ("workers2", "larder torch x2 workers"),
+    ("memcpy", "memcpy 1 thread"),
+]
 
 
 class H5Images(Dataset):
@@ -210,6 +229,10 @@ def out_of_memory(args, tmp):
     print(f"| 3x64x64, {args.oom_mb:.0f} MB | {baseline:,.0f}/s {baseline * size / 1e9:.2f} GB/s **1.00x** | "
           f"{larder_rate:,.0f}/s {larder_rate * size / 1e9:.2f} GB/s **{larder_rate / baseline:.2f}x** "
           f"(memory-tier hit rate {hit_rate:.0%}) |")
+    return {"shape": "3x64x64", "mb": args.oom_mb, "cgroup_mb": limit / 1e6, "sample_bytes": size,
+            "baseline_per_s": baseline, "baseline_gb_per_s": baseline * size / 1e9,
+            "larder_per_s": larder_rate, "larder_gb_per_s": larder_rate * size / 1e9,
+            "larder_ratio": larder_rate / baseline, "memory_tier_hit_rate": hit_rate}
 
 
 def main():
@@ -221,6 +244,7 @@ def main():
     p.add_argument("--oom-mb", type=float, default=0, help="add the dataset-larger-than-memory case")
     p.add_argument("--baseline-only", help=argparse.SUPPRESS)
     p.add_argument("--larder-only", help=argparse.SUPPRESS)
+    results.add_options(p)
     args = p.parse_args()
     if args.baseline_only:
         return baseline_only(args.baseline_only, args.epochs)
@@ -228,7 +252,7 @@ def main():
         return larder_only(args.larder_only, args.epochs)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="larder-bench-"))
     if args.oom_mb:
-        out_of_memory(args, tmp)
+        results.save("delivery", args, [out_of_memory(args, tmp)], name="delivery-oom")
         if not args.shapes:
             return
     rows = []
@@ -313,9 +337,7 @@ def main():
         rows.append((spec, size, [baseline, by_bytes_before, by_bytes, by_shm, recommended, ported, workers,
                                   memcpy]))
         path.unlink()
-    names = ["baseline h5py DataLoader x2", "larder bytes, the client before", "larder bytes",
-             "larder shm", "larder torch (recommended)", "larder.torch.DataLoader, a port's 4 workers",
-             "larder torch x2 workers", "memcpy 1 thread"]
+    names = [label for _, label in SETUPS]
     print("\nsamples/s, GB/s, and the ratio to the baseline of the same run (median of "
           f"{args.epochs} epochs each)")
     print("| samples | " + " | ".join(names) + " | recommended / memcpy |")
@@ -324,6 +346,14 @@ def main():
         base, memcpy = rates[0], rates[-1]
         cells = [f"{v:,.0f}/s {v * size / 1e9:.2f} GB/s **{v / base:.2f}x**" for v in rates]
         print(f"| {spec} | " + " | ".join(cells) + f" | {rates[4] / memcpy:.0%} |")
+    table = []
+    for spec, size, rates in rows:
+        row = {"shape": spec, "sample_bytes": size}
+        for (key, _), v in zip(SETUPS, rates):
+            row.update({f"{key}_per_s": v, f"{key}_gb_per_s": v * size / 1e9, f"{key}_ratio": v / rates[0]})
+        row["recommended_over_memcpy"] = rates[4] / rates[-1]
+        table.append(row)
+    results.save("delivery", args, table, labels=dict(SETUPS))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Which Accelerate setup is fastest: two processes on one dataset, in one run.
 
     PYTHONPATH=python .venv/bin/python benches/frameworks.py [--larderd target/release/larderd]
-        [--shape 3x64x64] [--mb 250] [--epochs 3]
+        [--shape 3x64x64] [--mb 250] [--epochs 3] [--out benches/results] [--plot]
+    PYTHONPATH=python .venv/bin/python benches/frameworks.py --mb 5 --epochs 1   (smoke)
 
 Writes one HDF5 file (uint8 images, int64 labels), starts larderd on it, and runs under torchrun
 (2 processes, CPU, gloo), each loop touching every batch as a training step would:
@@ -12,6 +13,9 @@ Writes one HDF5 file (uint8 images, int64 labels), starts larderd on it, and run
     process its part (dispatch_batches).
 Each figure is samples/s across both processes, the median of --epochs epochs after one that
 warms larder's memory tier.
+
+The figures go to --out (see benches/results.py): frameworks.json and frameworks.csv, a row per
+setup (samples/s and the ratio to plain DDP); --plot draws the PNG: samples/s per setup.
 """
 
 import argparse
@@ -26,6 +30,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import results  # noqa: E402
 from delivery import write_images  # noqa: E402
 
 BATCH = 128
@@ -79,6 +84,7 @@ def main() -> None:
     p.add_argument("--mb", type=float, default=250)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--inner", nargs=2, metavar=("MODE", "ADDRESS"), help=argparse.SUPPRESS)
+    results.add_options(p)
     args = p.parse_args()
     if args.inner:
         inner(args.inner[0], args.inner[1], args.epochs)
@@ -118,6 +124,8 @@ def main() -> None:
             print("| setup | samples/s | vs plain DDP |\n|---|---|---|")
             for label, rate in rows.items():
                 print(f"| {label} | {rate:,.0f} | {rate / base:.2f}x |")
+            results.save("frameworks", args, [{"setup": label, "samples_per_s": rate, "ratio": rate / base}
+                                              for label, rate in rows.items()], samples=n)
         finally:
             daemon.terminate()
             daemon.wait()

@@ -3,7 +3,8 @@ preprocessed samples do not fit in memory, larder against torchvision, in the sa
 
     PYTHONPATH=python .venv/bin/python benches/gridsearch.py [--larderd target/release/larderd]
         [--images 6000] [--jobs 3] [--epochs 3] [--cgroup-mb 2500] [--memory-share 0.35]
-        [--one-seed]
+        [--one-seed] [--out benches/results] [--plot]
+    PYTHONPATH=python .venv/bin/python benches/gridsearch.py --images 60 --jobs 1 --epochs 2   (smoke)
 
 As root (it makes memory cgroups and drops the page cache; it says so and stops otherwise). It
 writes --images JPEGs of 500x375 in 10 classes (about 56 kB each; 262 kB each once decoded and
@@ -23,6 +24,11 @@ All jobs of a run start together and run --epochs epochs. Each job checks every 
 every image exactly once (larder: by the sample ids; torchvision: by the count), and the bench
 fails otherwise. Per epoch, the table gives the jobs' samples/s added up, and larder's ratio to
 torchvision's.
+
+The figures go to --out (see benches/results.py): gridsearch.json and gridsearch.csv (with
+--one-seed gridsearch-one-seed.*, so the two runs of the table stay side by side), a row per
+epoch (both rates and the ratio), larder's lookups per tier in the JSON; --plot draws the PNG:
+each epoch's samples/s, larder against torchvision.
 """
 
 import argparse
@@ -39,6 +45,7 @@ import time
 HERE = pathlib.Path(__file__).resolve()
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))
+import results  # noqa: E402
 
 BATCH = 128
 RECORD = 3 * 256 * 341 + 8  # a 500x375 image at 256 on the shorter side, and its label
@@ -149,6 +156,7 @@ def main() -> int:
     p.add_argument("--one-seed", action="store_true")
     p.add_argument("--dir", help="work here (default: a temporary folder on this disk)")
     p.add_argument("--job", nargs="+", help=argparse.SUPPRESS)
+    results.add_options(p)
     args = p.parse_args()
     if args.job:
         kind, *rest = args.job
@@ -232,6 +240,12 @@ def main() -> int:
     print(f"larder's lookups: memory {tiers.get('memory', 0) / lookups:.0%}, scratch "
           f"{tiers.get('scratch', 0) / lookups:.0%}, raw {tiers.get('raw', 0) / lookups:.0%}; every job got every "
           "image exactly once per epoch")
+    results.save("gridsearch", args, [
+        {"epoch": e + 1, "cold": e == 0, "torchvision_per_s": tv_rates[e], "larder_per_s": ld_rates[e],
+         "ratio": ld_rates[e] / tv_rates[e]} for e in range(args.epochs)
+    ], name="gridsearch-one-seed" if args.one_seed else "gridsearch",
+        lookups={t: tiers.get(t, 0) for t in ("memory", "scratch", "raw")}, memory_tier_bytes=budget,
+        preprocessed_bytes=args.images * RECORD)
     if not args.dir:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

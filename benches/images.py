@@ -1,7 +1,8 @@
 """Side by side, in one run on the same files: a folder of JPEGs to a training loop.
 
     PYTHONPATH=python .venv/bin/python benches/images.py [--larderd target/release/larderd]
-        [--images 1500] [--rounds 3] [--epochs 2]
+        [--images 1500] [--rounds 3] [--epochs 2] [--out benches/results] [--plot]
+    PYTHONPATH=python .venv/bin/python benches/images.py --images 130 --rounds 1 --epochs 1 --no-pool   (smoke)
 
 Writes --images JPEGs of 500x375 (photo content: boxes of tests/fixtures/parrots.jpg at random
 places and scales, with a little noise, quality 90) in 10 class folders, then measures, with
@@ -26,6 +27,10 @@ drifts (it is shared), so the setups take turns: each of --rounds rounds measure
 (torchvision one epoch per recipe, larder a fresh daemon's cold epoch, then --epochs warm epochs
 per pipeline, and `larder warm` into another fresh daemon); the table gives each row's median
 over the rounds, and ratios to torchvision's eval recipe.
+
+The figures go to --out (see benches/results.py): images.json and images.csv, a row per setup
+(its median samples/s, ratio and the rounds' range), with the pool's figures and the train / eval
+ratios in the JSON; --plot draws the PNG: the cold epoch against torchvision and the pool's limit.
 """
 
 import argparse
@@ -45,6 +50,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
+import results
 from larder.torch import LarderIterableDataset
 
 BATCH = 128
@@ -134,6 +140,7 @@ def main():
                    help="skip timing the preprocessing of the files with criterion")
     p.add_argument("--before", default=None,
                    help="another larderd binary (a build before a change): its cold epoch too, taking turns")
+    results.add_options(p)
     args = p.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="larder-images-"))
     folder = tmp / "photos"
@@ -218,10 +225,13 @@ def main():
     for name, rate in rows.items():
         lo, hi = spread[name]
         print(f"{name:<58} {rate:>10.0f} {rate / base:>6.2f}x   {lo:.0f}-{hi:.0f}")
+    pool_figures = None
     if pool:
         threads = len(os.sched_getaffinity(0))  # the daemon's default: the CPUs it may run on
         full = threads / float(np.mean(pool))
         cold = rows["larder cold epoch (decode + resize + deliver)"]
+        pool_figures = {"seconds_per_image": pool, "threads": threads, "full_per_s": full,
+                        "cold_share": cold / full}
         print(f"\npreprocessing on one thread (criterion, these files): "
               f"{' and '.join(f'{t * 1e6:.0f} us' for t in pool)} an image (before and after the rounds); "
               f"the pool at full use: {threads} threads, {full:.0f}/s; "
@@ -229,6 +239,12 @@ def main():
     train = rows["larder warm epochs, train (random-resized crop + flip)"]
     print(f"\ntrain / eval, larder warm: {train / rows['larder warm epochs, eval (center crop)']:.2f}; "
           f"larder train / torchvision train: {train / rows['torchvision ImageFolder, train recipe']:.2f}x")
+    results.save("images", args, [
+        {"setup": name, "samples_per_s": rate, "ratio": rate / base, "rounds_min": spread[name][0],
+         "rounds_max": spread[name][1]} for name, rate in rows.items()
+    ], pool=pool_figures, image_kb=disk / args.images / 1e3,
+        train_over_eval=train / rows["larder warm epochs, eval (center crop)"],
+        train_over_torchvision_train=train / rows["torchvision ImageFolder, train recipe"])
 
 
 if __name__ == "__main__":

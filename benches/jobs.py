@@ -4,8 +4,10 @@ Belady's offline optimum is computed on the lookups of the same run, as the daem
 
     PYTHONPATH=python .venv/bin/python benches/jobs.py [--larderd target/release/larderd]
         [--samples 5000] [--epochs 4] [--configs 1x50,1x25,2x50,2x25,4x50,4x25,3x35s,4x25s]
-        [--policies stale_lru,next_use] [--json out.json] [--dir DIR] [--keep]
+        [--policies stale_lru,next_use] [--out benches/results] [--plot] [--json out.json]
+        [--dir DIR] [--keep]
     PYTHONPATH=python .venv/bin/python benches/jobs.py --selftest   (no daemon: checks Belady)
+    PYTHONPATH=python .venv/bin/python benches/jobs.py --samples 300 --epochs 2 --configs 1x50,2x25s   (smoke)
 
 It writes one HDF5 file (uint8 `images` [N, 3, 64, 64], N = --samples, and int64 `labels` [N],
 label i for sample i), then, for each configuration KxPP (K jobs, a memory tier holding PP% of
@@ -42,6 +44,11 @@ the time from the first job's start to the last one's end). A join lets larder s
 request for a sample it is still fetching whether or not the tier then keeps it, which Belady,
 counting whole lookups, cannot do: a gap slightly below zero is possible, not a bug.
 
+The figures go to --out (see benches/results.py): jobs.json and jobs.csv, a row per run (its
+configuration, policy and every figure of the table), with each run's raw counts, stats and
+per-epoch times under `runs` in the JSON; --json PATH writes that JSON to PATH instead (its CSV
+beside it). --plot draws the PNG: each configuration's hits per policy, Belady's as a mark.
+
 --selftest checks the Belady implementation against a straightforward one on 200 random traces
 and against an exhaustive search over every admission and eviction choice on smaller ones.
 """
@@ -62,6 +69,8 @@ import tempfile
 import time
 
 import numpy as np
+
+import results
 
 SHAPE = (3, 64, 64)
 BATCH = 50
@@ -623,6 +632,27 @@ def print_table(rows, args, entry_cost) -> None:
               f"{policy_share(r['daemon_stats'])} |")
 
 
+def table_rows(rows) -> list:
+    """The printed table's figures, a dict per run."""
+    out = []
+    for r in rows:
+        n = r["lookups"] or 1
+        stats = r["daemon_stats"]
+        cpu = stats.get("daemon_cpu_seconds") or 0
+        out.append({
+            "config": r["config"], "jobs": r["jobs"], "seeds": "one seed" if r["one_seed"] else "distinct",
+            "memory_pct": round(r["share"] * 100), "capacity": r["capacity"], "policy": r["policy"],
+            "hits_pct": 100 * r["hits"] / n, "joined_pct": 100 * r["joined"] / n,
+            "belady_pct": 100 * r["belady_hits"] / n, "gap_points": 100 * (r["belady_hits"] - r["hits"]) / n,
+            "lower_reads": r["lower_reads"], "belady_misses": r["belady_misses"],
+            "lower_reads_over_belady_misses": r["lower_reads"] / r["belady_misses"] if r["belady_misses"] else None,
+            "samples_per_s": r["samples_per_s"],
+            "policy_cpu_counter_pct": 100 * stats.get("memory_policy_seconds", 0) / cpu if cpu else None,
+            "policy_cpu_perf_pct": None if stats.get("policy_perf_share") is None else 100 * stats["policy_perf_share"],
+        })
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--larderd", default=os.environ.get("LARDERD_BIN", "target/release/larderd"))
@@ -632,7 +662,7 @@ def main() -> int:
     p.add_argument("--configs", default=DEFAULT_CONFIGS,
                    help="KxPP: K jobs, a memory tier of PP%% of the samples; a trailing s: one seed for all")
     p.add_argument("--policies", default="stale_lru,next_use", help="values of [memory] policy, each run in turn")
-    p.add_argument("--json", help="write the results here")
+    p.add_argument("--json", help="write the results' JSON here instead of into --out (its CSV beside it)")
     p.add_argument("--dir", help="where the data, configs, traces and logs go (default: a temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder")
     p.add_argument("--timeout", type=float, default=900, help="seconds the jobs of one run may take")
@@ -641,6 +671,7 @@ def main() -> int:
                    help="do not sample the daemon with perf (the policy's CPU share then comes from its counter only)")
     p.add_argument("--job", help=argparse.SUPPRESS)
     p.add_argument("--job-seed", type=int, help=argparse.SUPPRESS)
+    results.add_options(p)
     args = p.parse_args()
     if args.selftest:
         return selftest()
@@ -671,10 +702,9 @@ def main() -> int:
             for policy in policies:
                 rows.append(run_one(args, root, h5, entry_cost, jobs, share, one_seed, policy))
         print_table(rows, args, entry_cost)
-        if args.json:
-            meta = {"samples": args.samples, "shape": list(SHAPE), "epochs": args.epochs, "batch": args.batch,
-                    "entry_bytes": entry_cost, "entry_overhead": ENTRY_OVERHEAD, "larderd": args.larderd}
-            pathlib.Path(args.json).write_text(json.dumps({"meta": meta, "runs": rows}, indent=1) + "\n")
+        meta = {"samples": args.samples, "shape": list(SHAPE), "epochs": args.epochs, "batch": args.batch,
+                "entry_bytes": entry_cost, "entry_overhead": ENTRY_OVERHEAD, "larderd": args.larderd}
+        results.save("jobs", args, table_rows(rows), json_path=args.json, meta=meta, runs=rows)
         ok = True
     finally:
         if not args.dir and not args.keep:

@@ -3,6 +3,9 @@ and threads sampled every few seconds, every completed epoch checked for exactly
 
     PYTHONPATH=python .venv/bin/python benches/soak.py [--larderd target/release/larderd]
         [--minutes 10] [--sample-seconds 0.5] [--stats-seconds 1] [--dir DIR]
+        [--out benches/results] [--plot]
+    PYTHONPATH=python .venv/bin/python benches/soak.py --minutes 0.5   (smoke; too short for the
+        flatness target, which needs two windows of 30 s after the first third: exit status 1)
 
 It writes four datasets under --dir (default: a temporary folder; about 20 s):
   - h5: HDF5, 5,000 uint8 images 3x64x64 (contiguous) and int64 labels, a [dataset.train]
@@ -58,6 +61,13 @@ least 15 s), samples once more ("idle") and prints a markdown summary and the ta
   - clients: no errors (the killed and cancelled clients' ends excepted), none left hanging at
     the deadline, and the daemon still running at the end.
 Exit status 1 when a target fails. benches/RESULTS.md's table is that of a 10-minute run.
+
+The figures go to --out (see benches/results.py), whether the targets pass or not: soak.json
+and soak.csv (the summary table's rows), soak-targets.csv (each target, PASS or not, and its
+figures), soak-readings.csv (every /proc reading: time, RssAnon, VmRSS, RssShmem, descriptors,
+threads) and soak-samples.csv (every GetStats sample: the daemon's accounts); the JSON holds
+them all and the summary's figures as numbers. --plot draws the PNG: the daemon's memory over
+the run (anonymous, resident, the rings, the memory tier) against the memory budget.
 """
 
 import argparse
@@ -75,6 +85,8 @@ import threading
 import time
 
 import numpy as np
+
+import results
 
 MiB = 1 << 20
 N_IMAGES = 5000
@@ -432,6 +444,7 @@ def main() -> int:
     p.add_argument("--socket", help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    results.add_options(p)
     args = p.parse_args()
     if args.client:
         return client_main(args)
@@ -757,6 +770,30 @@ def summarize(args, samples, readings, start, end, idle, events, kills, hung, da
         for ln in (bad + warned)[:10]:
             print(f"  {ln[:300]}")
     failed = [name for name, ok, _ in targets if not ok]
+    results.save(
+        "soak", args, [{"item": k, "value": v} for k, v in rows],
+        tables={"targets": [{"target": name, "pass": ok, "detail": detail} for name, ok, detail in targets],
+                "readings": readings, "samples": samples},
+        memory_budget_bytes=MEMORY_BUDGET, passed=not failed,
+        figures={
+            "epochs": len(epochs), "wrong_epochs": len(wrong), "client_errors": len(errors),
+            "client_warnings": len(warnings), "clients_killed": kills, "hung_clients": hung,
+            "cancelled_streams": count("cancel", "cancelled"), "refused_rings": count(event="refused"),
+            "epochs_per_dataset": {d: sum(1 for e in epochs if e["dataset"] == d) for d in SIZES},
+            "window_seconds": window, "levels_anonymous_bytes": medians, "levels_rings_bytes": ring_medians,
+            "levels_bound_bytes": bounds, "level_margins_bytes": margins,
+            "anonymous_plus_rings_spread": spread if totals else None,
+            "anonymous_spread": anon_spread if medians else None,
+            "anonymous_start_bytes": start["RssAnon"], "anonymous_after_warmup_bytes": warm["RssAnon"] if warm else None,
+            "anonymous_max_bytes": max(s["RssAnon"] for s in samples),
+            "anonymous_end_bytes": end["RssAnon"] if end else None,
+            "anonymous_idle_bytes": idle["RssAnon"] if idle else None,
+            "ceiling_bytes": [min(ceilings), max(ceilings)] if has_ceiling else None,
+            "samples_over_ceiling": len(over),
+            "descriptors_start": start["fds"], "descriptors_idle": fd_end, "scratch_shards_made": new_shards,
+            "threads_start": start["Threads"], "threads_max": max(threads),
+            "threads_idle": idle["Threads"] if idle else None,
+        })
     if failed:
         print("FAIL: " + "; ".join(failed))
         return 1
