@@ -67,14 +67,25 @@ fn id(flag: &str, name: &str) -> u32 {
         .unwrap()
 }
 
-/// `larder ARGS` run as user `uid` (in group nogroup) against the daemon at `socket`.
+/// `larder ARGS` run as user `uid` against the daemon at `socket`, as a login would start it:
+/// with the user's supplementary groups (the daemon takes a caller's groups from the kernel),
+/// its group nogroup (so a group's rights come from the user's groups, not the process's).
 fn larder_as(uid: u32, socket: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_larder"))
+    let mut c = Command::new("setpriv");
+    if uid == 0 {
+        c.args(["--reuid=0", "--regid=0", "--clear-groups"]);
+    } else {
+        c.args([
+            format!("--reuid={uid}"),
+            format!("--regid={}", id("-g", "nobody")),
+            "--init-groups".to_string(),
+        ]);
+    }
+    c.arg("--")
+        .arg(env!("CARGO_BIN_EXE_larder"))
         .arg("--addr")
         .arg(format!("unix:{}", socket.display()))
         .args(args)
-        .uid(uid)
-        .gid(id("-g", "nobody"))
         .output()
         .unwrap()
 }
@@ -178,6 +189,23 @@ fn each_user_reads_through_larder_only_what_they_could_read_themselves() {
     let b = listed(bob);
     assert!(b.contains("public") && b.contains("granted"), "{b}");
     assert!(!b.contains("secret") && !b.contains("alice-own"), "{b}");
+    // The groups are the calling process's, as the kernel holds them (SO_PEERGROUPS): a
+    // process of bob's that dropped the group has no more of it through larder than by itself.
+    let without_groups = Command::new("setpriv")
+        .args([
+            format!("--reuid={bob}"),
+            format!("--regid={}", id("-g", "nobody")),
+            "--clear-groups".to_string(),
+            "--".to_string(),
+        ])
+        .arg(env!("CARGO_BIN_EXE_larder"))
+        .arg("--addr")
+        .arg(format!("unix:{}", socket.display()))
+        .arg("datasets")
+        .output()
+        .unwrap();
+    let b = text(&without_groups);
+    assert!(b.contains("public") && !b.contains("granted"), "{b}");
     // `larder stats` per dataset: the same rule (root sees every dataset).
     let stats = |uid| text(&larder_as(uid, &socket, &["stats"]));
     let a = stats(alice);

@@ -1,8 +1,9 @@
 //! Who is asking, and what they may read.
 //!
-//! **Who.** On the Unix socket the kernel says who the peer is (SO_PEERCRED: uid, gid, pid);
-//! its supplementary groups are the uid's (the group database, `getgrouplist`). Over TCP there
-//! is no identity: a TCP client is anonymous and sees only datasets marked `tcp = true`.
+//! **Who.** On the Unix socket the kernel says who the peer is when it connects (SO_PEERCRED:
+//! uid, gid, pid; SO_PEERGROUPS: the process's supplementary groups, the ones its own reads are
+//! checked with). Over TCP there is no identity: a TCP client is anonymous and sees only
+//! datasets marked `tcp = true`.
 //!
 //! **The rule.** A local client may list, plan, warm and stream a dataset if its entry grants
 //! it (`allow = ["all", "user:alice", "group:ml"]`), or if it could read the dataset's raw files
@@ -12,7 +13,7 @@
 //! them only what they may read. The tiers hold one copy of each sample for everyone: the
 //! check is what keeps a cached sample from reaching a user who could not read its file.
 //!
-//! **Proofs.** A check passed is a proof for (user, dataset), good for at most [`PROOF_TTL`]:
+//! **Proofs.** A check passed is a proof for (user and groups, dataset), good for at most [`PROOF_TTL`]:
 //! a stream checks afresh when it opens (each epoch) and again whenever its proof is older, so
 //! a chmod that takes a user's right away ends their streams within that bound.
 //!
@@ -53,9 +54,38 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// The identity of the process at the other end of a Unix socket.
-    pub fn of(cred: &tokio::net::unix::UCred) -> Identity {
-        Identity::of_user(cred.uid(), cred.gid(), cred.pid())
+    /// The identity of the process at the other end of Unix socket `fd`, as the kernel says:
+    /// its uid, gid and pid (SO_PEERCRED) and its groups (SO_PEERGROUPS).
+    pub fn of_socket(fd: std::os::fd::RawFd) -> io::Result<Identity> {
+        let mut cred = libc::ucred {
+            pid: 0,
+            uid: 0,
+            gid: 0,
+        };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: `cred` is a ucred and `len` its size.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&mut cred as *mut libc::ucred).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut groups = vec![cred.gid];
+        groups.extend(peer_groups(fd)?);
+        groups.sort_unstable();
+        groups.dedup();
+        Ok(Identity {
+            uid: cred.uid,
+            gid: cred.gid,
+            groups,
+            pid: (cred.pid > 0).then_some(cred.pid),
+        })
     }
 
     /// The identity of user `uid` in their primary group (with their groups added).
@@ -96,9 +126,8 @@ impl Caller {
     pub fn of<T>(request: &tonic::Request<T>) -> Caller {
         request
             .extensions()
-            .get::<tonic::transport::server::UdsConnectInfo>()
-            .and_then(|i| i.peer_cred.as_ref())
-            .map_or(Caller::Tcp, |c| Caller::Local(Arc::new(Identity::of(c))))
+            .get::<crate::peer::PeerInfo>()
+            .map_or(Caller::Tcp, |p| Caller::Local(p.0.clone()))
     }
 
     /// The process that asked, as rings know their owners (None over TCP).
@@ -127,15 +156,23 @@ impl Caller {
     }
 }
 
-/// Access checks passed lately, by (uid, dataset id), with the status-change time of the
+/// Access checks passed lately, by (user, groups, dataset id), with the status-change time of the
 /// dataset's file or folder then: ListDatasets reuses one younger than [`PROOF_TTL`] whose
 /// time has not moved (a chmod or chown moves it) rather than check every dataset's files at
 /// every call. Streams, plans and warms always check afresh.
 #[derive(Default)]
-pub struct Proofs(Mutex<HashMap<(u32, u32), Proof>>);
+pub struct Proofs(Mutex<HashMap<ProofKey, Proof>>);
+
+/// Who passed a check, with the groups they had (two processes of one user may hold different
+/// groups), and for which dataset.
+type ProofKey = (u32, u32, Vec<u32>, u32);
 
 /// When a check passed, and the status-change time of the dataset's root then.
 type Proof = (Instant, Option<i128>);
+
+fn proof_key(who: &Identity, id: u32) -> ProofKey {
+    (who.uid, who.gid, who.groups.clone(), id)
+}
 
 impl Proofs {
     /// Whether `who` passed the check for dataset `id`, whose root is `root`, less than
@@ -146,7 +183,7 @@ impl Proofs {
         };
         let proofs = self.0.lock().unwrap_or_else(|e| e.into_inner());
         proofs
-            .get(&(who.uid, id))
+            .get(&proof_key(who, id))
             .is_some_and(|(at, ctime)| at.elapsed() < PROOF_TTL && *ctime == ctime_of(root))
     }
 
@@ -156,7 +193,7 @@ impl Proofs {
             let ctime = ctime_of(root);
             let mut proofs = self.0.lock().unwrap_or_else(|e| e.into_inner());
             proofs.retain(|_, (at, _)| at.elapsed() < PROOF_TTL);
-            proofs.insert((who.uid, id), (Instant::now(), ctime));
+            proofs.insert(proof_key(who, id), (Instant::now(), ctime));
         }
     }
 }
@@ -350,6 +387,35 @@ fn user_name(uid: u32) -> Option<(CString, u32)> {
         .map(|(name, _, gid)| (name, gid))
 }
 
+/// The supplementary groups of the process at the other end of Unix socket `fd`, as the kernel
+/// holds them (SO_PEERGROUPS, Linux 4.13).
+fn peer_groups(fd: std::os::fd::RawFd) -> io::Result<Vec<u32>> {
+    let mut groups = vec![0u32; 64];
+    loop {
+        let mut len = (groups.len() * 4) as libc::socklen_t;
+        // SAFETY: `groups` holds `len` bytes; the kernel writes at most that many and says how
+        // many it needs when they are too few (ERANGE).
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let err = io::Error::last_os_error();
+        if rc == 0 {
+            groups.truncate(len as usize / 4);
+            return Ok(groups);
+        }
+        if err.raw_os_error() != Some(libc::ERANGE) || len as usize / 4 <= groups.len() {
+            return Err(err);
+        }
+        groups.resize(len as usize / 4, 0);
+    }
+}
+
 /// The groups of user `name` whose primary group is `gid`.
 fn group_list(name: &CStr, gid: u32) -> Vec<u32> {
     let mut n: libc::c_int = 64;
@@ -402,6 +468,29 @@ fn gid_of(name: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_socket_peer_has_the_kernels_groups() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let id = Identity::of_socket(std::os::fd::AsRawFd::as_raw_fd(&a)).unwrap();
+        // SAFETY: plain getters of this process's credentials.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let mut mine = vec![0 as libc::gid_t; 256];
+        // SAFETY: `mine` holds 256 gids.
+        let n = unsafe { libc::getgroups(256, mine.as_mut_ptr()) };
+        mine.truncate(n.max(0) as usize);
+        mine.push(gid);
+        mine.sort_unstable();
+        mine.dedup();
+        assert_eq!(
+            (id.uid, id.gid, id.pid),
+            (uid, gid, Some(std::process::id() as i32))
+        );
+        assert_eq!(
+            id.groups, mine,
+            "the process's groups, not the group database's"
+        );
+    }
 
     #[test]
     fn grants_parse_and_match() {

@@ -294,7 +294,7 @@ fn route_unix(
     listener: tokio::net::UnixListener,
     rings: Arc<Rings>,
     mut stop: Shutdown,
-) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<tokio::net::UnixStream>> {
+) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<crate::peer::PeerStream>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
         loop {
@@ -314,9 +314,12 @@ fn route_unix(
             tokio::spawn(async move {
                 match shm::is_ring_request(&stream).await {
                     Ok(true) => rings.serve(stream, stop).await,
-                    Ok(false) => {
-                        let _ = tx.send(Ok(stream)).await;
-                    }
+                    Ok(false) => match crate::peer::PeerStream::new(stream) {
+                        Ok(stream) => {
+                            let _ = tx.send(Ok(stream)).await;
+                        }
+                        Err(e) => tracing::warn!("who is at the other end of a connection: {e}"),
+                    },
                     Err(_) => {} // closed or silent before saying anything
                 }
             });
