@@ -7,7 +7,6 @@ mod common;
 
 use larder::synthetic::make_dataset;
 use std::os::unix::fs::{chown, PermissionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
