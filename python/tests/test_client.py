@@ -253,8 +253,10 @@ def test_a_user_adds_streams_and_removes_a_dataset_of_their_own(daemon, tmp_path
     me = pwd.getpwuid(os.getuid()).pw_name
     name = f"{me}/mine"
     with larder.Client(daemon.unix) as c:
+        # The daemon names the kind: the client passes none.
+        assert c.source_kind(tmp_path / "mine.h5") == "hdf5"
         info = c.add_dataset("mine", tmp_path / "mine.h5", labels="labels")
-        assert (info.name, info.num_samples, info.owner) == (name, 50, me)
+        assert (info.name, info.num_samples, info.owner, info.kind) == (name, 50, me, "hdf5")
         assert sorted(int(i) for b in c.stream(name, 16) for i in b.sample_ids) == list(range(50))
         with pytest.raises(larder.LarderError) as e:
             c.add_dataset("mine", tmp_path / "mine.h5", labels="labels")
@@ -280,3 +282,29 @@ def test_a_user_adds_streams_and_removes_a_dataset_of_their_own(daemon, tmp_path
         with pytest.raises(larder.LarderError) as e:
             c.remove_dataset(name)
         assert e.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_the_daemon_names_a_paths_kind(daemon, tmp_path):
+    """`Client.source_kind` asks the daemon what a path is read as; `add_dataset` without a
+    `kind` is the kind the daemon recognises; a path no kind recognises is refused with the
+    daemon's reason."""
+    from PIL import Image
+
+    from conftest import make_h5
+
+    make_h5(tmp_path / "arrays.h5", 20)
+    for i in range(4):
+        (tmp_path / "pics" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (12, 10), (i * 40, 0, 0)).save(tmp_path / "pics" / f"c{i % 2}" / f"{i}.png")
+    (tmp_path / "notes.txt").write_text("no kind of source\n")
+    with larder.Client(daemon.unix) as c:
+        assert c.source_kind(tmp_path / "arrays.h5") == "hdf5"
+        assert c.source_kind(str(tmp_path / "pics")) == "images"
+        for path in (tmp_path / "notes.txt", tmp_path / "missing"):
+            with pytest.raises(larder.LarderError) as e:
+                c.source_kind(path)
+            assert str(e.value) and path.name in str(e.value), str(e.value)
+        info = c.add_dataset("kinded-pics", tmp_path / "pics", resize=8, crop=8)
+        assert (info.kind, info.num_samples) == ("images", 4)
+        assert {d.name: d.kind for d in c.datasets()}[info.name] == "images"
+        c.remove_dataset(info.name)
