@@ -181,36 +181,68 @@ impl Dataset {
     /// Preprocesses the raw fields of sample `index` into its record (blocking). A sample
     /// whose files or record are over `limits.max_sample_bytes` is an error (a bad sample).
     pub fn prepare(&self, index: u64, raw: RawSample) -> Result<Vec<u8>> {
-        let max = self.limits.max_sample_bytes;
-        (|| {
-            let read: u64 = raw.iter().map(|v| v.data.len() as u64).sum();
-            ensure!(
-                read <= max,
-                "its files take {read} bytes, over the {max} a sample may (limits.max_sample_bytes)"
-            );
-            let values = self.preprocess.apply(raw, &self.limits)?;
-            let record = self.schema.encode(&values)?;
-            ensure!(
-                record.len() as u64 <= max,
-                "it takes {} bytes once decoded, over the {max} a sample may (limits.max_sample_bytes)",
-                record.len()
-            );
-            Ok(record)
-        })()
-        .with_context(|| {
+        crate::pipeline::prepare(&self.preprocess, &self.schema, &self.limits, raw).with_context(
+            || {
+                format!(
+                    "preprocessing {} of dataset {:?}",
+                    self.source.sample_name(index),
+                    self.name
+                )
+            },
+        )
+    }
+
+    /// Samples `start..start + count` from raw storage, each prepared (its record, or why
+    /// not), with the raw bytes read. Err: the range as a whole did not read (a file of it, or
+    /// the dataset's reader).
+    pub fn load_range(&self, start: u64, count: u64) -> Result<(Vec<Result<Vec<u8>>>, u64)> {
+        if let Some(p) = self.source.prepared() {
+            let (records, bytes) = p.load(start, count)?;
+            let name = &self.name;
+            let records = records
+                .into_iter()
+                .map(|r| r.with_context(|| format!("dataset {name:?}")))
+                .collect();
+            return Ok((records, bytes));
+        }
+        let raw = self.source.read_range(start, count)?;
+        let bytes = raw.iter().map(raw_size).sum();
+        let records = (start..)
+            .zip(raw)
+            .map(|(i, r)| self.prepare(i, r))
+            .collect();
+        Ok((records, bytes))
+    }
+
+    /// Sample `index` from raw storage, prepared, with the raw bytes read.
+    pub fn load(&self, index: u64) -> Result<(Vec<u8>, u64)> {
+        if self.source.prepared().is_some() {
+            let (mut records, bytes) = self.load_range(index, 1)?;
+            let record = records
+                .pop()
+                .context("a reader's answer without its sample")??;
+            return Ok((record, bytes));
+        }
+        let raw = self.source.read(index).with_context(|| {
             format!(
-                "preprocessing {} of dataset {:?}",
+                "reading {} of dataset {:?}",
                 self.source.sample_name(index),
                 self.name
             )
-        })
+        })?;
+        let bytes = raw_size(&raw);
+        Ok((self.prepare(index, raw)?, bytes))
     }
 
     /// Whether a sample that failed with `e` is skipped (else the stream fails): under
     /// `on_error = "skip"`, unless the dataset's files changed under the daemon (then no
     /// sample is to blame, and the stream says so).
     pub fn skips(&self, e: &anyhow::Error) -> bool {
-        self.on_error == OnError::Skip && crate::error::Error::kind_of(e) != Kind::Changed
+        self.on_error == OnError::Skip
+            && !matches!(
+                crate::error::Error::kind_of(e),
+                Kind::Changed | Kind::Reader
+            )
     }
 
     /// Bytes of a record: exact when every field is fixed, else the raw data's average size
@@ -495,7 +527,22 @@ impl Catalog {
 }
 
 fn open_dataset(id: u32, c: &DatasetConfig, limits: Limits) -> Result<Dataset> {
-    let opened = crate::source::open(c, &limits)?;
+    // A user's dataset is read in a reader process running as them, where a launcher runs;
+    // else in this process (with their rights on the reading thread: see `source::open`).
+    let opened = match (
+        crate::privsep::launcher(),
+        crate::source::owner_identity(c.owner),
+    ) {
+        (Some(launcher), Some(id)) => {
+            let user = crate::privsep::launcher::User {
+                uid: id.uid,
+                gid: id.gid,
+                groups: id.groups.clone(),
+            };
+            crate::privsep::remote::open(launcher, user, c, &limits)?
+        }
+        _ => crate::source::open(c, &limits)?,
+    };
     // A file can claim any shape: one whose every sample is over the limit would have each
     // read allocate it (HDF5 reads into a buffer of the claimed size) and fail.
     if let Some(bytes) = opened.schema.fixed_record_bytes() {
@@ -582,4 +629,9 @@ fn pipelines(
         reference,
     });
     Ok((eval, train))
+}
+
+/// Bytes of a raw sample's fields.
+fn raw_size(raw: &RawSample) -> u64 {
+    raw.iter().map(|v| v.data.len() as u64).sum()
 }

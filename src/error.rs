@@ -37,6 +37,9 @@ pub enum Kind {
     Opening,
     /// The daemon is shutting down: reconnect and resume (UNAVAILABLE).
     ShuttingDown,
+    /// The reader process of a user's dataset failed (crashed, hung or sent what does not
+    /// hold): its streams end, and it is started again after a backoff (UNAVAILABLE).
+    Reader,
     /// Anything else: a failure the daemon did not expect (INTERNAL).
     Internal,
 }
@@ -52,7 +55,7 @@ impl Kind {
             Kind::Exists => Code::AlreadyExists,
             Kind::Exhausted => Code::ResourceExhausted,
             Kind::SourceIo => Code::DataLoss,
-            Kind::ShuttingDown | Kind::Opening => Code::Unavailable,
+            Kind::ShuttingDown | Kind::Opening | Kind::Reader => Code::Unavailable,
             Kind::Internal => Code::Internal,
         }
     }

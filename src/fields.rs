@@ -90,7 +90,7 @@ impl DType {
 }
 
 /// How a spatial field is resampled when the pipeline resizes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Resample {
     /// Each output pixel is one input pixel: masks and class ids stay what they were.

@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod open_streams;
 pub mod peer;
 pub mod pipeline;
+pub mod privsep;
 pub mod prometheus_metrics;
 pub mod sampler;
 pub mod server;

@@ -7,7 +7,6 @@
 use crate::catalog::Dataset;
 use crate::error::{Error, Kind};
 use crate::metrics::{Metrics, Tier};
-use crate::source::RawSample;
 use crate::tiers::eviction::Key;
 use crate::tiers::memory::{MemorySnapshot, MemoryTier};
 use crate::tiers::scratch::{ScratchSnapshot, ScratchSpace, ScratchTier};
@@ -364,21 +363,20 @@ fn warm_chunk(
     // One range read beats many single reads when most of the range is needed; a range with a
     // file that does not read is read sample by sample, to find which.
     let range = (missing.len() as u64 * 2 > count)
-        .then(|| ds.source.read_range(start, count).ok())
+        .then(|| ds.load_range(start, count).ok())
         .flatten();
-    let raw: Vec<(u64, Result<RawSample>)> = match range {
-        Some(all) => (start..start + count)
+    let prepared: Vec<(u64, Result<Vec<u8>>)> = match range {
+        Some((all, _)) => (start..start + count)
             .zip(all)
             .filter(|(i, _)| missing.binary_search(i).is_ok())
-            .map(|(i, r)| (i, Ok(r)))
             .collect(),
-        None => missing.iter().map(|&i| (i, ds.source.read(i))).collect(),
+        None => missing
+            .iter()
+            .map(|&i| (i, ds.load(i).map(|(d, _)| d)))
+            .collect(),
     };
     let (mut written, mut bad) = (0, 0);
-    for (i, sample) in raw {
-        let prepared = sample
-            .with_context(|| format!("reading {}", ds.source.sample_name(i)))
-            .and_then(|raw| ds.prepare(i, raw));
+    for (i, prepared) in prepared {
         let data = match prepared {
             Ok(d) => d,
             Err(e) if ds.skips(&e) => {
@@ -441,15 +439,7 @@ fn load_blocking(
 /// Sample `index` alone from raw storage, preprocessed (and written to `scratch`); with the
 /// raw bytes read.
 fn load_one(ds: &Dataset, scratch: Option<&ScratchTier>, index: u64) -> Result<(Vec<u8>, u64)> {
-    let raw = ds.source.read(index).with_context(|| {
-        format!(
-            "reading {} of dataset {:?}",
-            ds.source.sample_name(index),
-            ds.name
-        )
-    })?;
-    let raw_bytes = raw_size(&raw);
-    let data = ds.prepare(index, raw)?;
+    let (data, raw_bytes) = ds.load(index)?;
     if let Some(scratch) = scratch {
         scratch.write(index, &data);
     }
@@ -464,19 +454,24 @@ fn load_granule(ds: &Dataset, scratch: &ScratchTier, index: u64) -> Result<(Vec<
     let granule = ds.source.read_granule();
     let start = index / granule * granule;
     let count = granule.min(ds.len() - start);
-    let Ok(mut raw) = ds.source.read_range(start, count) else {
-        // A file of the range does not read: this sample alone (its own error, if it is one).
-        return load_one(ds, Some(scratch), index);
+    let (mut records, raw_bytes) = match ds.load_range(start, count) {
+        Ok(loaded) => loaded,
+        // A reader that failed fails the stream; any other range that does not read: this
+        // sample alone (its own error, if it is one).
+        Err(e) if Error::kind_of(&e) == Kind::Reader => return Err(e),
+        Err(_) => return load_one(ds, Some(scratch), index),
     };
-    let raw_bytes = raw.iter().map(raw_size).sum();
-    let data = ds.prepare(index, std::mem::take(&mut raw[(index - start) as usize]))?;
+    let data = std::mem::replace(
+        &mut records[(index - start) as usize],
+        Err(anyhow::anyhow!("taken")),
+    )?;
     scratch.write(index, &data);
-    for (i, bytes) in (start..).zip(raw) {
+    for (i, record) in (start..).zip(records) {
         if i == index || scratch.contains(i) {
             continue;
         }
         // A neighbour that fails to preprocess fails its own request later, not this one.
-        let Ok(d) = ds.prepare(i, bytes) else {
+        let Ok(d) = record else {
             continue;
         };
         if !scratch.write(i, &d) {
@@ -486,16 +481,12 @@ fn load_granule(ds: &Dataset, scratch: &ScratchTier, index: u64) -> Result<(Vec<
     Ok((data, raw_bytes))
 }
 
-/// Bytes of a raw sample's fields.
-fn raw_size(raw: &RawSample) -> u64 {
-    raw.iter().map(|v| v.data.len() as u64).sum()
-}
-
 /// A sample's failure as the stream's error: its files do not read or decode (DATA_LOSS), or
 /// the dataset's files changed under the daemon (kept as that).
 fn sample_error(e: &anyhow::Error) -> Error {
     let kind = match Error::kind_of(e) {
         Kind::Changed => Kind::Changed,
+        Kind::Reader => Kind::Reader,
         _ => Kind::SourceIo,
     };
     Error::new(kind, format!("{e:#}"))

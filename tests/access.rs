@@ -129,15 +129,17 @@ fn each_user_reads_through_larder_only_what_they_could_read_themselves() {
     let public = data("public.h5", 0o644);
     let secret = data("secret.h5", 0o600);
     let granted = data("granted.h5", 0o600);
-    // Alice's own file, 0600 in her 0700 home.
+    // Alice's own file, 0640 in her 0750 home, both of group root: the serving daemon runs
+    // as root without a capability (privsep), so it reads what root's group may, as the
+    // daemon's own group would be given an admin's dataset; bob may not read it.
     let home = root.join("alice");
     std::fs::create_dir(&home).unwrap();
     let own = home.join("own.h5");
     make_dataset(&own, 40, &[2, 4, 4]).unwrap();
-    chown(&home, Some(alice), None).unwrap();
-    chown(&own, Some(alice), None).unwrap();
-    set_mode(&home, 0o700);
-    set_mode(&own, 0o600);
+    chown(&home, Some(alice), Some(0)).unwrap();
+    chown(&own, Some(alice), Some(0)).unwrap();
+    set_mode(&home, 0o750);
+    set_mode(&own, 0o640);
 
     let socket = root.join("larder.sock");
     let config = root.join("larder.toml");

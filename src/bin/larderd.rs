@@ -34,11 +34,27 @@ fn load(path: &std::path::Path) -> Result<larder::config::Config> {
     Ok(config)
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> Result<()> {
     larder::init_logging("info");
     let args = Args::parse();
     let config = load(&args.config)?;
+    // Before any thread: the launcher keeps the capabilities to switch users, this process
+    // none (see `privsep`).
+    let separated = larder::privsep::separate().context("starting the launcher")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(serve(args, config, separated))
+}
+
+async fn serve(args: Args, config: larder::config::Config, separated: bool) -> Result<()> {
+    if separated {
+        tracing::info!(
+            cap_eff = larder::privsep::caps::status_line("CapEff").unwrap_or_default(),
+            "users' datasets are read by readers running as their owners; this process holds no capabilities"
+        );
+    }
     let daemon = larder::server::Daemon::listen(config)
         .await
         .context("starting larderd")?;

@@ -5,10 +5,10 @@
 
 use super::keys::keys_of;
 use anyhow::{bail, Result};
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize};
 use std::path::PathBuf;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatasetConfig {
     /// Name clients ask for.
@@ -78,7 +78,7 @@ pub struct DatasetConfig {
 }
 
 /// The train pipeline of a dataset (see `pipeline::augment`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
     /// "random_resized" (torchvision's RandomResizedCrop; the default for images) or "random"
@@ -99,7 +99,7 @@ pub struct TrainConfig {
     pub flip: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TrainCrop {
     RandomResized,
@@ -107,7 +107,7 @@ pub enum TrainCrop {
 }
 
 /// What a sample that does not read or decode does to its stream.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnError {
     /// Left out of its batch; logged once, counted in the stats and listed by `larder bad`.
@@ -118,7 +118,7 @@ pub enum OnError {
 }
 
 /// How an image is decoded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ImageMode {
     /// uint8 [3, H, W].
@@ -130,7 +130,7 @@ pub enum ImageMode {
     Index,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PairConfig {
     /// The field this one is paired with.
@@ -141,7 +141,7 @@ pub struct PairConfig {
 }
 
 /// A `[[dataset.field]]` table: the keys every kind reads, and the kind's own in `options`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FieldConfig {
     /// Name clients see.
@@ -198,6 +198,21 @@ impl DatasetConfig {
         let mut c: DatasetConfig = toml::Value::Table(own).try_into()?;
         c.options = table;
         Ok(c)
+    }
+
+    /// The table this config was read from (the kind's keys back in place): what a reader
+    /// process is sent to open the dataset as the daemon would.
+    pub fn to_table(&self) -> Result<toml::Table> {
+        let mut t = toml::Table::try_from(self)?;
+        t.extend(self.options.clone());
+        if let Some(toml::Value::Array(fields)) = t.get_mut("field") {
+            for (table, f) in fields.iter_mut().zip(&self.fields) {
+                if let toml::Value::Table(table) = table {
+                    table.extend(f.options.clone());
+                }
+            }
+        }
+        Ok(t)
     }
 
     /// Checks what every kind's table must hold (its kind checks the rest: `source::check`).

@@ -153,7 +153,7 @@ impl Default for ScratchConfig {
 /// What one sample may cost, whatever its files say: a sample over a limit is a bad sample
 /// (skipped, or the stream's error under `on_error = "fail"`), never decoded whole and never
 /// kept in a tier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Most pixels (width x height, from the file's header, before any decoding) an image may

@@ -8,4 +8,4 @@ pub mod planes;
 mod preprocess;
 
 pub use augment::{Crop, Cut, Pipeline, Spatial};
-pub use preprocess::{FieldOp, Parse, Preprocess, Resize};
+pub use preprocess::{prepare, FieldOp, Parse, Preprocess, Resize};

@@ -98,6 +98,8 @@ pub enum Preprocess {
     /// decoded field is resized to the reference's size at its scale. Deterministic: same
     /// files, same bytes.
     Images { ops: Vec<FieldOp>, resize: Resize },
+    /// Done where the samples are read (a reader process): the description it gave.
+    Elsewhere(String),
 }
 
 impl FieldOp {
@@ -139,7 +141,10 @@ impl FieldOp {
 impl Preprocess {
     /// Identifies the transformation, so the scratch tier can tell when it changes.
     pub fn describe(&self) -> String {
-        format!("{self:?} decoder libjpeg-turbo 2")
+        match self {
+            Preprocess::Elsewhere(described) => described.clone(),
+            _ => format!("{self:?} decoder libjpeg-turbo 2"),
+        }
     }
 
     /// The sample's values from its raw fields; an image over `limits.max_image_pixels` is
@@ -148,8 +153,35 @@ impl Preprocess {
         match self {
             Preprocess::Identity => Ok(raw),
             Preprocess::Images { ops, resize } => images(ops, resize, raw, limits),
+            Preprocess::Elsewhere(_) => {
+                bail!("this dataset's samples are preprocessed by its reader")
+            }
         }
     }
+}
+
+/// A sample's record from its raw fields: preprocessed, encoded by `schema`, within the limits
+/// (its files as read, and its record, at most `limits.max_sample_bytes`).
+pub fn prepare(
+    preprocess: &Preprocess,
+    schema: &crate::fields::Schema,
+    limits: &Limits,
+    raw: RawSample,
+) -> Result<Vec<u8>> {
+    let max = limits.max_sample_bytes;
+    let read: u64 = raw.iter().map(|v| v.data.len() as u64).sum();
+    ensure!(
+        read <= max,
+        "its files take {read} bytes, over the {max} a sample may (limits.max_sample_bytes)"
+    );
+    let values = preprocess.apply(raw, limits)?;
+    let record = schema.encode(&values)?;
+    ensure!(
+        record.len() as u64 <= max,
+        "it takes {} bytes once decoded, over the {max} a sample may (limits.max_sample_bytes)",
+        record.len()
+    );
+    Ok(record)
 }
 
 /// The largest buffer a preprocessing thread keeps between images (a 2,000 x 2,000 RGBX image

@@ -294,7 +294,8 @@ fn route_unix(
     listener: tokio::net::UnixListener,
     rings: Arc<Rings>,
     mut stop: Shutdown,
-) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<crate::peer::PeerStream>> {
+) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<crate::access::connection::PeerStream>>
+{
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
         loop {
@@ -314,7 +315,7 @@ fn route_unix(
             tokio::spawn(async move {
                 match shm::is_ring_request(&stream).await {
                     Ok(true) => rings.serve(stream, stop).await,
-                    Ok(false) => match crate::peer::PeerStream::new(stream) {
+                    Ok(false) => match crate::access::connection::PeerStream::new(stream) {
                         Ok(stream) => {
                             let _ = tx.send(Ok(stream)).await;
                         }

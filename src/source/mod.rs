@@ -213,6 +213,12 @@ pub fn open(c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
     }
 }
 
+/// The identity a dataset owned by `owner` is read as, when it is not the daemon's own (root's
+/// and the daemon's user's datasets are read with the daemon's rights).
+pub fn owner_identity(owner: Option<u32>) -> Option<std::sync::Arc<crate::access::Identity>> {
+    owner::reader(owner)
+}
+
 /// The kind `path` is read as, looked at with the rights of user `uid` (None: the daemon's).
 pub fn recognize_as(uid: Option<u32>, path: &Path) -> Result<&'static str> {
     match owner::reader(uid) {
@@ -291,6 +297,20 @@ pub trait RawSource: Send + Sync {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The source as one whose samples come read and preprocessed (a reader process's), if
+    /// it is one: the store asks it for records rather than raw fields.
+    fn prepared(&self) -> Option<&dyn Prepared> {
+        None
+    }
+}
+
+/// A source whose samples come read and preprocessed from elsewhere.
+pub trait Prepared: Send + Sync {
+    /// Records of samples `start..start + count`: each its record or why not, with the raw
+    /// bytes read. Err: none of them could be had (the reader failed), for the stream to end
+    /// with, never a bad sample.
+    fn load(&self, start: u64, count: u64) -> Result<(Vec<Result<Vec<u8>>>, u64)>;
 }
 
 /// Where a source's samples come from, for the scratch tier (which version of the data its

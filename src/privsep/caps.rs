@@ -1,0 +1,85 @@
+//! The process's capabilities: whether it may switch users, and dropping every one.
+
+use anyhow::{ensure, Result};
+
+#[repr(C)]
+struct Header {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct Data {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const VERSION_3: u32 = 0x2008_0522;
+const CAP_SETGID: u32 = 6;
+const CAP_SETUID: u32 = 7;
+
+fn get() -> Result<[Data; 2]> {
+    let mut h = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut d = [Data::default(); 2];
+    // SAFETY: capget fills two Data structs for version 3.
+    let rc = unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) };
+    ensure!(rc == 0, "capget: {}", std::io::Error::last_os_error());
+    Ok(d)
+}
+
+/// Whether this process may switch to other users (CAP_SETUID and CAP_SETGID permitted).
+pub fn can_switch_users() -> bool {
+    get().is_ok_and(|d| {
+        let want = (1 << CAP_SETUID) | (1 << CAP_SETGID);
+        d[0].permitted & want == want
+    })
+}
+
+/// Drops every capability of this process (effective, permitted, inheritable and ambient) for
+/// good, and lets no exec gain any (NO_NEW_PRIVS).
+pub fn drop_all() -> Result<()> {
+    // SAFETY: prctl calls with integer arguments.
+    unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        );
+        // Root keeps no capability across a later change of uid either.
+        libc::prctl(libc::PR_SET_KEEPCAPS, 0, 0, 0, 0);
+    }
+    let mut h = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let d = [Data::default(); 2];
+    // SAFETY: capset reads two Data structs for version 3.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()) };
+    ensure!(rc == 0, "capset: {}", std::io::Error::last_os_error());
+    // SAFETY: prctl with integer arguments.
+    let rc = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    ensure!(rc == 0, "no_new_privs: {}", std::io::Error::last_os_error());
+    let now = get()?;
+    ensure!(
+        now.iter()
+            .all(|d| d.effective | d.permitted | d.inheritable == 0),
+        "capabilities left after dropping them"
+    );
+    Ok(())
+}
+
+/// A line of /proc/self/status ("CapEff", "NoNewPrivs", "Seccomp"), for checks and logs.
+pub fn status_line(key: &str) -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(|v| v.trim().to_string())
+}

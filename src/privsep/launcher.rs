@@ -1,0 +1,273 @@
+//! The launcher: the one process that may switch users. It is forked from larderd before the
+//! daemon starts a thread, keeps CAP_SETUID and CAP_SETGID, and does two things for the daemon,
+//! each in a child process it forks and switches wholly (groups, gid, uid) to a user, with
+//! every capability dropped and NO_NEW_PRIVS set before the child does anything:
+//!
+//! - **a reader** for a user's dataset (see `reader`): its socket goes back to the daemon;
+//! - **an access check**: may this user read these files (the kernel's answer, `faccessat2`)?
+//!
+//! It parses nothing but its own small requests; it never reads a dataset's files; it never
+//! switches to uid 0. It ends when the daemon does (its socket closes; PR_SET_PDEATHSIG).
+
+use super::wire::{self, Reader, Writer};
+use anyhow::{bail, ensure, Context, Result};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+const SPAWN_READER: u8 = 1;
+const CHECK: u8 = 2;
+const FAILED: u8 = 255;
+
+/// A user, as the launcher switches to them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+impl User {
+    fn write(&self, w: &mut Writer) {
+        w.u32(self.uid).u32(self.gid).u32(self.groups.len() as u32);
+        for g in &self.groups {
+            w.u32(*g);
+        }
+    }
+
+    fn read(r: &mut Reader) -> Result<User> {
+        let (uid, gid) = (r.u32()?, r.u32()?);
+        let n = r.count(4)?;
+        ensure!(n <= 65536, "{n} groups");
+        let groups = (0..n).map(|_| r.u32()).collect::<Result<_>>()?;
+        Ok(User { uid, gid, groups })
+    }
+}
+
+/// The daemon's end of the launcher.
+pub struct Launcher {
+    sock: Mutex<OwnedFd>,
+}
+
+impl Launcher {
+    /// Forks the launcher. Call before any other thread exists: the child runs on in a copy of
+    /// this process, and a lock another thread held at the fork would stay held there.
+    pub fn start() -> Result<Launcher> {
+        let (ours, theirs) = wire::pair()?;
+        // SAFETY: the process is single-threaded here (the caller's promise); the child only
+        // runs `serve`, which forks and exits.
+        match unsafe { libc::fork() } {
+            -1 => bail!("fork: {}", std::io::Error::last_os_error()),
+            0 => {
+                drop(ours);
+                // SAFETY: prctl and signal with integer arguments.
+                unsafe {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+                    // Children are reaped by the kernel: the launcher waits for none.
+                    libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+                }
+                serve(theirs.as_raw_fd());
+                // SAFETY: ends the launcher without running the daemon's exit handlers.
+                unsafe { libc::_exit(0) }
+            }
+            _ => Ok(Launcher {
+                sock: Mutex::new(ours),
+            }),
+        }
+    }
+
+    fn call(&self, kind: u8, payload: &[u8], fd: Option<RawFd>) -> Result<wire::Message> {
+        let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
+        wire::send(sock.as_raw_fd(), kind, 0, payload, fd)?;
+        let answer = wire::recv(sock.as_raw_fd())?.context("the launcher has ended")?;
+        if answer.kind == FAILED {
+            bail!("{}", String::from_utf8_lossy(&answer.payload));
+        }
+        ensure!(answer.kind == kind, "the launcher answered {}", answer.kind);
+        Ok(answer)
+    }
+
+    /// A new reader process running as `user`: the daemon's end of its socket.
+    pub fn spawn_reader(&self, user: &User) -> Result<OwnedFd> {
+        let mut w = Writer::default();
+        user.write(&mut w);
+        self.call(SPAWN_READER, &w.0, None)?
+            .fd
+            .context("the launcher sent no reader socket")
+    }
+
+    /// Whether `user` may read every one of `files`: None if so, else the first that they may
+    /// not, with why.
+    pub fn check(&self, user: &User, files: &[PathBuf]) -> Result<Option<String>> {
+        use std::os::unix::ffi::OsStrExt;
+        let mut list = Vec::new();
+        for f in files {
+            list.extend_from_slice(f.as_os_str().as_bytes());
+            list.push(0);
+        }
+        let memfd = wire::sealed_memfd("larder-check", &list)?;
+        let mut w = Writer::default();
+        user.write(&mut w);
+        let answer = self.call(CHECK, &w.0, Some(memfd.as_raw_fd()))?;
+        let why = String::from_utf8_lossy(&answer.payload).into_owned();
+        Ok((!why.is_empty()).then_some(why))
+    }
+}
+
+/// The launcher's loop: one request at a time, until the daemon's end closes.
+fn serve(sock: RawFd) {
+    loop {
+        let message = match wire::recv(sock) {
+            Ok(Some(m)) => m,
+            _ => return,
+        };
+        let answer = match message.kind {
+            SPAWN_READER => spawn_reader(&message).map(|fd| (Vec::new(), Some(fd))),
+            CHECK => check(&message).map(|why| (why.into_bytes(), None)),
+            k => Err(anyhow::anyhow!("unknown request {k}")),
+        };
+        let sent = match answer {
+            Ok((payload, fd)) => wire::send(
+                sock,
+                message.kind,
+                message.id,
+                &payload,
+                fd.as_ref().map(|f| f.as_raw_fd()),
+            ),
+            Err(e) => wire::send(sock, FAILED, message.id, format!("{e:#}").as_bytes(), None),
+        };
+        if sent.is_err() {
+            return;
+        }
+    }
+}
+
+/// Becomes `user` for good: groups, gid, uid, then no capability and NO_NEW_PRIVS. For a child
+/// the launcher has just forked (single-threaded: `setgroups` and friends change the process).
+fn become_user(user: &User) -> Result<()> {
+    ensure!(user.uid != 0 && user.gid != 0, "never to root");
+    // SAFETY: plain system calls on this single-threaded process.
+    unsafe {
+        ensure!(
+            libc::setgroups(user.groups.len(), user.groups.as_ptr()) == 0,
+            "setgroups: {}",
+            std::io::Error::last_os_error()
+        );
+        ensure!(
+            libc::setresgid(user.gid, user.gid, user.gid) == 0,
+            "setresgid: {}",
+            std::io::Error::last_os_error()
+        );
+        ensure!(
+            libc::setresuid(user.uid, user.uid, user.uid) == 0,
+            "setresuid: {}",
+            std::io::Error::last_os_error()
+        );
+        ensure!(
+            libc::geteuid() == user.uid && libc::getegid() == user.gid,
+            "the switch did not hold"
+        );
+    }
+    super::caps::drop_all()
+}
+
+/// Forks a reader as the request's user; returns the daemon's end of its socket.
+fn spawn_reader(m: &wire::Message) -> Result<OwnedFd> {
+    let mut r = Reader::new(&m.payload);
+    let user = User::read(&mut r)?;
+    r.end()?;
+    ensure!(user.uid != 0, "no reader runs as root");
+    let (daemon_end, reader_end) = wire::pair()?;
+    // SAFETY: the launcher is single-threaded.
+    match unsafe { libc::fork() } {
+        -1 => bail!("fork: {}", std::io::Error::last_os_error()),
+        0 => {
+            drop(daemon_end);
+            // SAFETY: prctl with integer arguments.
+            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+            let code = match become_user(&user) {
+                Ok(()) => {
+                    super::reader::serve(reader_end);
+                    0
+                }
+                Err(e) => {
+                    eprintln!("larder reader: {e:#}");
+                    1
+                }
+            };
+            // SAFETY: ends the child without the daemon's exit handlers.
+            unsafe { libc::_exit(code) }
+        }
+        _ => Ok(daemon_end),
+    }
+}
+
+/// Checks the request's files as its user in a child; returns "" when they may read them all,
+/// else why not.
+fn check(m: &wire::Message) -> Result<String> {
+    let mut r = Reader::new(&m.payload);
+    let user = User::read(&mut r)?;
+    r.end()?;
+    let list = m.fd.as_ref().context("no file list")?;
+    let mut pipe = [0 as RawFd; 2];
+    // SAFETY: pipe2 writes two descriptors.
+    ensure!(
+        unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } == 0,
+        "pipe: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: both are new descriptors, ours.
+    let (read_end, write_end): (OwnedFd, OwnedFd) = unsafe {
+        use std::os::fd::FromRawFd;
+        (OwnedFd::from_raw_fd(pipe[0]), OwnedFd::from_raw_fd(pipe[1]))
+    };
+    // SAFETY: the launcher is single-threaded.
+    match unsafe { libc::fork() } {
+        -1 => bail!("fork: {}", std::io::Error::last_os_error()),
+        0 => {
+            drop(read_end);
+            // "1": readable; "0" and why not. Nothing at all: the check died.
+            let answer = (|| -> Result<Option<String>> {
+                become_user(&user)?;
+                let list = wire::read_sealed(list, 1 << 32)?;
+                let files: Vec<PathBuf> = list
+                    .split(|&b| b == 0)
+                    .filter(|p| !p.is_empty())
+                    .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes_helper(p)))
+                    .collect();
+                Ok(crate::access::first_unreadable_text(&files))
+            })();
+            let text = match answer {
+                Ok(None) => "1".to_string(),
+                Ok(Some(why)) => format!("0{why}"),
+                Err(e) => format!("0the check could not run as uid {}: {e:#}", user.uid),
+            };
+            let file = std::fs::File::from(write_end);
+            let _ = std::io::Write::write_all(&mut &file, text.as_bytes());
+            // SAFETY: ends the child without the daemon's exit handlers.
+            unsafe { libc::_exit(0) }
+        }
+        _ => {
+            drop(write_end);
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::fs::File::from(read_end), &mut text)
+                .context("reading the check's answer")?;
+            match text.split_at_checked(1) {
+                Some(("1", "")) => Ok(String::new()),
+                Some(("0", why)) if !why.is_empty() => Ok(why.to_string()),
+                _ => bail!("the access check ended without an answer"),
+            }
+        }
+    }
+}
+
+/// `OsStr` from bytes (a path as the daemon sent it).
+trait FromBytes {
+    fn from_bytes_helper(b: &[u8]) -> &std::ffi::OsStr;
+}
+
+impl FromBytes for std::ffi::OsStr {
+    fn from_bytes_helper(b: &[u8]) -> &std::ffi::OsStr {
+        std::os::unix::ffi::OsStrExt::from_bytes(b)
+    }
+}

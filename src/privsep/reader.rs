@@ -1,0 +1,239 @@
+//! A reader: the process that reads and decodes one user's dataset, as that user, with no
+//! capability and NO_NEW_PRIVS (the launcher made it so). It opens the dataset's files with
+//! the user's own rights, reads and preprocesses the samples the daemon asks for, and hands
+//! back their records in a sealed memfd. A crafted file that takes it over gets a process
+//! running as its own author, holding nothing of anyone else's.
+//!
+//! Requests (kind, then payload), each answered under the same id:
+//! - `OPEN`: the dataset's table and the limits, as TOML. Answer: what it is (`Meta`), the
+//!   files of its access check and each sample's bytes on disk in a memfd.
+//! - `LOAD`: start, count. Answer: per sample its record (offset and length in a memfd) or why
+//!   not (a bad sample, or files that changed), and the raw bytes read.
+//! - `CHANGED`: why its files no longer read as opened, if they do not.
+//!
+//! Every answer is checked by the daemon (`remote`) before anything of it is used.
+
+use super::wire::{self, Writer};
+use crate::config::{DatasetConfig, Limits};
+use crate::fields::{FieldSpec, Schema};
+use crate::source::Opened;
+use anyhow::{bail, Context, Result};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
+
+pub const OPEN: u8 = 1;
+pub const LOAD: u8 = 2;
+pub const CHANGED: u8 = 3;
+pub const FAILED: u8 = 255;
+
+/// A sample's outcome in a `LOAD` answer.
+pub const SAMPLE_OK: u8 = 0;
+pub const SAMPLE_BAD: u8 = 1;
+pub const SAMPLE_CHANGED: u8 = 2;
+
+/// An answer: its payload, and the memfd beside it.
+type Answer = (Vec<u8>, Option<OwnedFd>);
+
+/// The dataset a reader has open.
+struct Open {
+    opened: Opened,
+    limits: Limits,
+}
+
+/// The reader's loop: requests from `sock` until the daemon closes it. `LOAD`s run on a few
+/// threads (a cold epoch decodes on every core the daemon's pool has); the process ends when
+/// the socket closes, whatever its threads are doing.
+pub fn serve(sock: OwnedFd) {
+    let fd = sock.as_raw_fd();
+    let open: Arc<Mutex<Option<Arc<Open>>>> = Arc::default();
+    let (tx, rx) = std::sync::mpsc::channel::<wire::Message>();
+    let rx = Arc::new(Mutex::new(rx));
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(16));
+    for _ in 0..threads {
+        let (rx, open) = (rx.clone(), open.clone());
+        std::thread::spawn(move || loop {
+            let Ok(m) = rx.lock().unwrap_or_else(|e| e.into_inner()).recv() else {
+                return;
+            };
+            let ds = open.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            answer(fd, &m, || match &ds {
+                Some(ds) => load(ds, &m),
+                None => bail!("no dataset is open"),
+            });
+        });
+    }
+    while let Ok(Some(m)) = wire::recv(fd) {
+        match m.kind {
+            OPEN => answer(fd, &m, || {
+                let (ds, answer) = open_dataset(&m)?;
+                *open.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(ds));
+                Ok(answer)
+            }),
+            LOAD => {
+                let _ = tx.send(m);
+            }
+            CHANGED => answer(fd, &m, || {
+                let ds = open.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let why = ds.and_then(|d| d.opened.source.changed());
+                let mut w = Writer::default();
+                w.u8(why.is_some() as u8).str(why.as_deref().unwrap_or(""));
+                Ok((w.0, None))
+            }),
+            _ => answer(fd, &m, || bail!("unknown request {}", m.kind)),
+        }
+    }
+    drop(sock);
+    // SAFETY: ends the reader (and its threads) without the daemon's exit handlers.
+    unsafe { libc::_exit(0) }
+}
+
+/// Sends what `f` gives as the answer to `m`, or its error.
+fn answer(fd: RawFd, m: &wire::Message, f: impl FnOnce() -> Result<Answer>) {
+    let _ = match f() {
+        Ok((payload, memfd)) => wire::send(
+            fd,
+            m.kind,
+            m.id,
+            &payload,
+            memfd.as_ref().map(|f| f.as_raw_fd()),
+        ),
+        Err(e) => wire::send(fd, FAILED, m.id, format!("{e:#}").as_bytes(), None),
+    };
+}
+
+fn open_dataset(m: &wire::Message) -> Result<(Open, Answer)> {
+    let mut r = wire::Reader::new(&m.payload);
+    let table: toml::Table = toml::from_str(r.str()?).context("the dataset's table")?;
+    let limits: Limits = toml::from_str(r.str()?).context("the limits")?;
+    r.end()?;
+    let mut c = DatasetConfig::from_table(table)?;
+    // Read as this process is: the owner (the daemon set it, the launcher switched to it).
+    c.owner = None;
+    let opened = crate::source::open(&c, &limits)?;
+    let s = &opened.source;
+    let mut w = Writer::default();
+    w.str(opened.format.name())
+        .u64(s.len())
+        .u64(s.read_granule())
+        .u64(s.disk_bytes())
+        .str(&s.describe())
+        .str(&s.version())
+        .str(&s.root().to_string_lossy())
+        .str(&opened.preprocess.describe());
+    write_schema(&mut w, &opened.schema);
+    // The bulk: each sample's bytes on disk, then the access check's files.
+    let mut bulk = Vec::with_capacity(s.len() as usize * 8);
+    for i in 0..s.len() {
+        bulk.extend_from_slice(&s.disk_bytes_of(i).to_le_bytes());
+    }
+    for f in s.files().iter() {
+        use std::os::unix::ffi::OsStrExt;
+        bulk.extend_from_slice(f.as_os_str().as_bytes());
+        bulk.push(0);
+    }
+    let memfd = wire::sealed_memfd("larder-meta", &bulk)?;
+    Ok((Open { opened, limits }, (w.0, Some(memfd))))
+}
+
+/// Samples `start..start + count`, read (as one range when it reads) and preprocessed.
+fn load(ds: &Open, m: &wire::Message) -> Result<Answer> {
+    let mut r = wire::Reader::new(&m.payload);
+    let (start, count) = (r.u64()?, r.u64()?);
+    r.end()?;
+    let s = &ds.opened.source;
+    anyhow::ensure!(
+        count > 0 && count <= crate::source::MAX_GRANULE && start.saturating_add(count) <= s.len(),
+        "samples {start}..+{count} of {}",
+        s.len()
+    );
+    let raw: Vec<(u64, Result<crate::fields::RawSample>)> = match s.read_range(start, count) {
+        Ok(all) => (start..).zip(all.into_iter().map(Ok)).collect(),
+        Err(_) => (start..start + count).map(|i| (i, s.read(i))).collect(),
+    };
+    let mut records = Vec::new();
+    let mut w = Writer::default();
+    let raw_bytes: u64 = raw
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().ok())
+        .map(|r| r.iter().map(|v| v.data.len() as u64).sum::<u64>())
+        .sum();
+    w.u64(raw_bytes).u32(raw.len() as u32);
+    for (i, sample) in raw {
+        let prepared = sample
+            .with_context(|| format!("reading {}", s.sample_name(i)))
+            .and_then(|raw| {
+                crate::pipeline::prepare(&ds.opened.preprocess, &ds.opened.schema, &ds.limits, raw)
+                    .with_context(|| format!("preprocessing {}", s.sample_name(i)))
+            });
+        match prepared {
+            Ok(record) => {
+                w.u8(SAMPLE_OK)
+                    .u64(records.len() as u64)
+                    .u64(record.len() as u64);
+                records.extend_from_slice(&record);
+            }
+            Err(e) => {
+                let changed = crate::error::Error::kind_of(&e) == crate::error::Kind::Changed;
+                w.u8(if changed { SAMPLE_CHANGED } else { SAMPLE_BAD })
+                    .str(&format!("{e:#}"));
+            }
+        }
+    }
+    let memfd = wire::sealed_memfd("larder-records", &records)?;
+    Ok((w.0, Some(memfd)))
+}
+
+/// A schema as a reader sends it.
+pub fn write_schema(w: &mut Writer, schema: &Schema) {
+    w.u32(schema.fields.len() as u32);
+    for f in &schema.fields {
+        w.str(&f.name).str(f.dtype.name()).u32(f.shape.len() as u32);
+        for d in &f.shape {
+            match d {
+                Some(d) => w.u8(1).u32(*d),
+                None => w.u8(0),
+            };
+        }
+        match &f.pair {
+            Some(p) => w.u8(1).str(&p.with).u32(p.scale),
+            None => w.u8(0),
+        };
+        w.str(f.resample.name());
+    }
+}
+
+/// A schema as the daemon reads it from a reader (every name and number checked).
+pub fn read_schema(r: &mut wire::Reader) -> Result<Schema> {
+    use crate::fields::{DType, Pairing, Resample};
+    let n = r.count(8)?;
+    anyhow::ensure!(n <= 1024, "{n} fields");
+    let mut fields = Vec::with_capacity(n);
+    for _ in 0..n {
+        let name = r.str()?.to_string();
+        let dtype = r.str()?;
+        let dtype = DType::ALL
+            .into_iter()
+            .find(|d| d.name() == dtype)
+            .with_context(|| format!("dtype {dtype:?}"))?;
+        let dims = r.count(1)?;
+        anyhow::ensure!(dims <= 8, "{dims} dims");
+        let shape = (0..dims)
+            .map(|_| Ok(if r.u8()? == 1 { Some(r.u32()?) } else { None }))
+            .collect::<Result<Vec<_>>>()?;
+        let mut spec = FieldSpec::new(&name, dtype, shape);
+        if r.u8()? == 1 {
+            spec.pair = Some(Pairing {
+                with: r.str()?.to_string(),
+                scale: r.u32()?,
+            });
+        }
+        spec.resample = match r.str()? {
+            "nearest" => Resample::Nearest,
+            "linear" => Resample::Linear,
+            "cubic" => Resample::Cubic,
+            other => bail!("resample {other:?}"),
+        };
+        fields.push(spec);
+    }
+    Schema::new(fields)
+}

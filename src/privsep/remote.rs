@@ -1,0 +1,466 @@
+//! The daemon's side of a reader: a dataset a user added, opened and read in a reader process
+//! running as its owner (see `reader`), seen by the rest of the daemon as a `Source` whose
+//! samples come prepared. Everything a reader says is checked before it is used: lengths and
+//! offsets against the memfd that holds the bytes, each record against the dataset's schema
+//! and the sample limit, what it is against what it was when first opened.
+//!
+//! A reader that crashes, hangs (no answer within [`ANSWER_WITHIN`]) or lies costs its
+//! dataset's streams an error naming the dataset (UNAVAILABLE), and is started again on the
+//! next request, no sooner than a backoff that doubles with each failure in a row (1 s to 30 s).
+//! The daemon and every other dataset go on.
+
+use super::launcher::{Launcher, User};
+use super::reader::{self, CHANGED, FAILED, LOAD, OPEN, SAMPLE_BAD, SAMPLE_CHANGED, SAMPLE_OK};
+use super::wire::{self, Writer};
+use crate::config::{DatasetConfig, Limits};
+use crate::error::{Error, Kind};
+use crate::fields::Schema;
+use crate::pipeline::Preprocess;
+use crate::source::{Format, Opened, Prepared, Provenance, RawSample, RawSource};
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a reader has to answer a request before it is taken for hung.
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(8);
+/// How long opening a dataset may take (a large folder is walked).
+pub const OPEN_WITHIN: Duration = Duration::from_secs(600);
+/// Restarts after failures in a row wait this long, doubling, up to `MOST_BACKOFF`.
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MOST_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Readers that failed, since the daemon started.
+pub static READER_FAILURES: AtomicU64 = AtomicU64::new(0);
+
+/// One reader process: its socket, and the answers its requests wait for.
+struct Connection {
+    sock: OwnedFd,
+    pending: Mutex<HashMap<u64, mpsc::Sender<wire::Message>>>,
+    next: AtomicU64,
+    /// Why it no longer serves, once it does not.
+    dead: Mutex<Option<String>>,
+}
+
+impl Connection {
+    /// A reader for `user`, from the launcher; its answers are read on a thread of its own.
+    fn start(launcher: &Launcher, user: &User) -> Result<Arc<Connection>> {
+        let sock = launcher.spawn_reader(user)?;
+        let c = Arc::new(Connection {
+            sock,
+            pending: Mutex::default(),
+            next: AtomicU64::new(1),
+            dead: Mutex::default(),
+        });
+        let weak = Arc::downgrade(&c);
+        let fd = c.sock.as_raw_fd();
+        std::thread::Builder::new()
+            .name("larder-reader-answers".into())
+            .spawn(move || loop {
+                let got = wire::recv(fd);
+                let Some(c) = weak.upgrade() else { return };
+                let m = match got {
+                    Ok(Some(m)) => m,
+                    Ok(None) => {
+                        return c.fail("the reader process ended (it crashed or was killed)")
+                    }
+                    Err(e) => {
+                        return c.fail(&format!("the reader sent what is not a message: {e:#}"))
+                    }
+                };
+                let waiting = c
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&m.id);
+                match waiting {
+                    Some(tx) => {
+                        let _ = tx.send(m);
+                    }
+                    None => {
+                        return c.fail(&format!(
+                            "the reader answered request {} that was not asked",
+                            m.id
+                        ))
+                    }
+                }
+            })
+            .context("starting the thread that reads a reader's answers")?;
+        Ok(c)
+    }
+
+    /// Marks the reader failed: every request waiting and to come gets `why`.
+    fn fail(&self, why: &str) {
+        let mut dead = self.dead.lock().unwrap_or_else(|e| e.into_inner());
+        if dead.is_none() {
+            *dead = Some(why.to_string());
+            READER_FAILURES.fetch_add(1, Relaxed);
+        }
+        drop(dead);
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        // SAFETY: shutdown on our own socket; the reader sees it closed and ends.
+        unsafe { libc::shutdown(self.sock.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+
+    fn dead(&self) -> Option<String> {
+        self.dead.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Sends a request and waits for its answer; a reader's own error comes back as Err(Ok(why)),
+    /// a failed reader as Err(Err(why)).
+    fn call(
+        &self,
+        kind: u8,
+        payload: &[u8],
+        within: Duration,
+    ) -> Result<wire::Message, Result<String, String>> {
+        if let Some(why) = self.dead() {
+            return Err(Err(why));
+        }
+        let id = self.next.fetch_add(1, Relaxed);
+        let (tx, rx) = mpsc::channel();
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, tx);
+        if let Err(e) = wire::send(self.sock.as_raw_fd(), kind, id, payload, None) {
+            self.fail(&format!("sending to the reader: {e:#}"));
+            return Err(Err(self.dead().unwrap_or_default()));
+        }
+        match rx.recv_timeout(within) {
+            Ok(m) if m.kind == FAILED => Err(Ok(String::from_utf8_lossy(&m.payload).into_owned())),
+            Ok(m) if m.kind == kind => Ok(m),
+            Ok(m) => {
+                self.fail(&format!(
+                    "the reader answered a request of kind {kind} with kind {}",
+                    m.kind
+                ));
+                Err(Err(self.dead().unwrap_or_default()))
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                self.fail(&format!(
+                    "the reader did not answer within {} s",
+                    within.as_secs()
+                ));
+                Err(Err(self.dead().unwrap_or_default()))
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(Err(self
+                .dead()
+                .unwrap_or_else(|| "the reader ended".into()))),
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // SAFETY: shutdown on our own socket: the answers' thread and the reader both end.
+        unsafe { libc::shutdown(self.sock.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+}
+
+/// What a reader says its dataset is.
+#[derive(Debug, Clone, PartialEq)]
+struct Meta {
+    kind: String,
+    len: u64,
+    granule: u64,
+    disk_bytes: u64,
+    describe: String,
+    version: String,
+    root: PathBuf,
+    preprocess: String,
+    schema: Schema,
+}
+
+/// A user's dataset read by readers running as its owner.
+pub struct RemoteSource {
+    name: String,
+    launcher: &'static Launcher,
+    user: User,
+    /// The request that opens it: its table and the limits, as TOML.
+    open_request: Vec<u8>,
+    meta: Meta,
+    sizes: Vec<u64>,
+    files: Arc<[PathBuf]>,
+    max_sample_bytes: u64,
+    state: Mutex<State>,
+}
+
+/// The reader serving now, and the failures in a row before it.
+struct State {
+    reader: Option<Arc<Connection>>,
+    failures: u32,
+    retry_at: Option<Instant>,
+}
+
+/// Opens dataset `c` (a user's) in a reader running as `user`.
+pub fn open(
+    launcher: &'static Launcher,
+    user: User,
+    c: &DatasetConfig,
+    limits: &Limits,
+) -> Result<Opened> {
+    let mut w = Writer::default();
+    w.str(&toml::to_string(&c.to_table()?)?)
+        .str(&toml::to_string(limits)?);
+    let open_request = w.0;
+    let reader = Connection::start(launcher, &user)?;
+    let (meta, sizes, files) = open_in(&reader, &open_request, limits)?;
+    let format = crate::source::format_named(&meta.kind)?;
+    let schema = meta.schema.clone();
+    let preprocess = Preprocess::Elsewhere(meta.preprocess.clone());
+    let source = RemoteSource {
+        name: c.name.clone(),
+        launcher,
+        user,
+        open_request,
+        meta,
+        sizes,
+        files: files.into(),
+        max_sample_bytes: limits.max_sample_bytes,
+        state: Mutex::new(State {
+            reader: Some(reader),
+            failures: 0,
+            retry_at: None,
+        }),
+    };
+    Ok(Opened {
+        source: Box::new(source),
+        preprocess,
+        schema,
+        format: format as &dyn Format,
+    })
+}
+
+/// Opens the dataset in `reader`: what it is, each sample's bytes on disk, its files.
+fn open_in(
+    reader: &Connection,
+    request: &[u8],
+    limits: &Limits,
+) -> Result<(Meta, Vec<u64>, Vec<PathBuf>)> {
+    let m = reader
+        .call(OPEN, request, OPEN_WITHIN)
+        .map_err(|e| match e {
+            Ok(why) => anyhow!("{why}"),
+            Err(why) => anyhow!("{why}"),
+        })?;
+    let mut r = wire::Reader::new(&m.payload);
+    let meta = Meta {
+        kind: r.str()?.to_string(),
+        len: r.u64()?,
+        granule: r.u64()?,
+        disk_bytes: r.u64()?,
+        describe: r.str()?.to_string(),
+        version: r.str()?.to_string(),
+        root: PathBuf::from(r.str()?),
+        preprocess: r.str()?.to_string(),
+        schema: reader::read_schema(&mut r)?,
+    };
+    r.end()?;
+    ensure!(
+        (1..=crate::source::MAX_GRANULE).contains(&meta.granule),
+        "a granule of {}",
+        meta.granule
+    );
+    if let Some(bytes) = meta.schema.fixed_record_bytes() {
+        ensure!(bytes <= limits.max_sample_bytes, "samples of {bytes} bytes");
+    }
+    let bulk = wire::read_sealed(m.fd.as_ref().context("no metadata")?, 1 << 34)?;
+    let sizes_end = meta
+        .len
+        .checked_mul(8)
+        .filter(|&n| n <= bulk.len() as u64)
+        .context("sizes past the metadata's end")? as usize;
+    let sizes = bulk[..sizes_end]
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let files = bulk[sizes_end..]
+        .split(|&b| b == 0)
+        .filter(|p| !p.is_empty())
+        .map(|p| PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(p)))
+        .collect();
+    Ok((meta, sizes, files))
+}
+
+impl RemoteSource {
+    /// The reader serving now, started (again) if there is none and the backoff allows.
+    fn reader(&self) -> Result<Arc<Connection>> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = &state.reader {
+            match r.dead() {
+                None => return Ok(r.clone()),
+                Some(why) => {
+                    state.reader = None;
+                    state.failures += 1;
+                    let wait = FIRST_BACKOFF
+                        .saturating_mul(1 << state.failures.min(6).saturating_sub(1))
+                        .min(MOST_BACKOFF);
+                    state.retry_at = Some(Instant::now() + wait);
+                    tracing::warn!(dataset = %self.name, uid = self.user.uid, "reader failed: {why}; started again in {} s at the earliest", wait.as_secs());
+                    return Err(self.unavailable(&why));
+                }
+            }
+        }
+        if let Some(at) = state.retry_at.filter(|at| Instant::now() < *at) {
+            let left = at.saturating_duration_since(Instant::now()).as_secs() + 1;
+            return Err(self.unavailable(&format!(
+                "its reader failed; it is started again in {left} s"
+            )));
+        }
+        let limits = Limits {
+            max_sample_bytes: self.max_sample_bytes,
+            ..Limits::default()
+        };
+        let started = Connection::start(self.launcher, &self.user)
+            .and_then(|r| open_in(&r, &self.open_request, &limits).map(|m| (r, m)));
+        match started {
+            Ok((r, (meta, _, _))) if meta == self.meta => {
+                state.reader = Some(r.clone());
+                Ok(r)
+            }
+            Ok(_) => Err(Error::new(
+                Kind::Changed,
+                format!("dataset {:?} changed since it was opened (its reader, started again, finds other data); it is opened again", self.name),
+            )
+            .into()),
+            Err(e) => {
+                state.failures += 1;
+                state.retry_at = Some(Instant::now() + MOST_BACKOFF.min(FIRST_BACKOFF * (1 << state.failures.min(5))));
+                Err(self.unavailable(&format!("its reader does not start: {e:#}")))
+            }
+        }
+    }
+
+    fn unavailable(&self, why: &str) -> anyhow::Error {
+        Error::new(
+            Kind::Reader,
+            format!("dataset {:?} is not served now: {why}", self.name),
+        )
+        .into()
+    }
+
+    /// The records of a `LOAD` answer, each checked against the schema and the limit.
+    fn records(&self, m: &wire::Message, count: u64) -> Result<(Vec<Result<Vec<u8>>>, u64)> {
+        let bytes = wire::read_sealed(
+            m.fd.as_ref().context("no records")?,
+            count.saturating_mul(self.max_sample_bytes),
+        )?;
+        let mut r = wire::Reader::new(&m.payload);
+        let raw_bytes = r.u64()?;
+        let n = r.u32()? as u64;
+        ensure!(n == count, "{n} samples for {count} asked");
+        let mut out = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            match r.u8()? {
+                SAMPLE_OK => {
+                    let (at, len) = (r.u64()?, r.u64()?);
+                    ensure!(len <= self.max_sample_bytes, "a record of {len} bytes");
+                    let end = at
+                        .checked_add(len)
+                        .filter(|&e| e <= bytes.len() as u64)
+                        .context("a record past the memfd's end")?;
+                    let record = bytes[at as usize..end as usize].to_vec();
+                    self.meta
+                        .schema
+                        .decode(&record)
+                        .context("a record that does not fit the dataset's fields")?;
+                    out.push(Ok(record));
+                }
+                SAMPLE_BAD => out.push(Err(anyhow!("{}", r.str()?))),
+                SAMPLE_CHANGED => {
+                    out.push(Err(Error::new(Kind::Changed, r.str()?.to_string()).into()))
+                }
+                k => bail!("a sample outcome {k}"),
+            }
+        }
+        r.end()?;
+        Ok((out, raw_bytes))
+    }
+}
+
+impl Prepared for RemoteSource {
+    fn load(&self, start: u64, count: u64) -> Result<(Vec<Result<Vec<u8>>>, u64)> {
+        ensure!(
+            count > 0 && start.checked_add(count).is_some_and(|e| e <= self.meta.len),
+            "samples {start}..+{count} of {}",
+            self.meta.len
+        );
+        let reader = self.reader()?;
+        let mut w = Writer::default();
+        w.u64(start).u64(count);
+        match reader.call(LOAD, &w.0, ANSWER_WITHIN) {
+            Ok(m) => self.records(&m, count).map_err(|e| {
+                reader.fail(&format!("the reader's answer does not hold: {e:#}"));
+                self.unavailable(&format!("its reader sent what does not hold ({e:#})"))
+            }),
+            Err(Ok(why)) => bail!("{why}"),
+            Err(Err(why)) => {
+                // Seen at the next request, which starts the reader again after the backoff.
+                Err(self.unavailable(&why))
+            }
+        }
+    }
+}
+
+impl RawSource for RemoteSource {
+    fn len(&self) -> u64 {
+        self.meta.len
+    }
+
+    fn read_range(&self, _start: u64, _count: u64) -> Result<Vec<RawSample>> {
+        bail!(
+            "dataset {:?} is read by its reader (see `prepared`)",
+            self.name
+        )
+    }
+
+    fn read_granule(&self) -> u64 {
+        self.meta.granule
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        self.meta.disk_bytes
+    }
+
+    fn disk_bytes_of(&self, index: u64) -> u64 {
+        self.sizes.get(index as usize).copied().unwrap_or(0)
+    }
+
+    fn describe(&self) -> String {
+        self.meta.describe.clone()
+    }
+
+    fn prepared(&self) -> Option<&dyn Prepared> {
+        Some(self)
+    }
+}
+
+impl Provenance for RemoteSource {
+    fn version(&self) -> String {
+        self.meta.version.clone()
+    }
+
+    fn changed(&self) -> Option<String> {
+        let reader = self.reader().ok()?;
+        let m = reader.call(CHANGED, &[], ANSWER_WITHIN).ok()?;
+        let mut r = wire::Reader::new(&m.payload);
+        let changed = r.u8().ok()? == 1;
+        let why = r.str().ok()?.to_string();
+        changed.then_some(why)
+    }
+
+    fn files(&self) -> Arc<[PathBuf]> {
+        self.files.clone()
+    }
+
+    fn root(&self) -> &Path {
+        &self.meta.root
+    }
+}

@@ -1,0 +1,311 @@
+//! The messages between the daemon, the launcher and the readers: one message is one
+//! `SOCK_SEQPACKET` packet (so a message is never split or merged), `kind u8 | id u64 |
+//! payload`, with at most one file descriptor beside it (`SCM_RIGHTS`: a reader's socket, a
+//! memfd of records). Payloads are built with [`Writer`] and read with [`Reader`], whose every
+//! read is checked: a message from a process that may be hostile (a reader parses users'
+//! files) is never trusted for a length, an offset or a count.
+
+use anyhow::{bail, ensure, Context, Result};
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// The largest message: requests and answers are small; bulk bytes travel in a memfd.
+pub const MAX_MESSAGE: usize = 1 << 20;
+
+/// One message.
+#[derive(Debug)]
+pub struct Message {
+    pub kind: u8,
+    pub id: u64,
+    pub payload: Vec<u8>,
+    pub fd: Option<OwnedFd>,
+}
+
+/// Sends a message on `sock` (a SOCK_SEQPACKET socket), with `fd` if given.
+pub fn send(sock: RawFd, kind: u8, id: u64, payload: &[u8], fd: Option<RawFd>) -> Result<()> {
+    ensure!(
+        payload.len() + 9 <= MAX_MESSAGE,
+        "a message of {} bytes is over the limit",
+        payload.len()
+    );
+    let mut head = [0u8; 9];
+    head[0] = kind;
+    head[1..9].copy_from_slice(&id.to_le_bytes());
+    let iov = [IoSlice::new(&head), IoSlice::new(payload)];
+    let mut space = [0u8; 64];
+    // SAFETY: msghdr is plain data; its pointers point at `iov` and `space`, alive for the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len();
+    if let Some(fd) = fd {
+        // SAFETY: CMSG_SPACE is a size computation.
+        let len = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+        msg.msg_control = space.as_mut_ptr().cast();
+        msg.msg_controllen = len;
+        // SAFETY: msg_control holds `len` bytes, room for one cmsghdr with one fd.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+        }
+    }
+    loop {
+        // SAFETY: `msg` is set up above; MSG_NOSIGNAL: a peer gone is an error, not SIGPIPE.
+        let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e).context("sending a message");
+        }
+    }
+}
+
+/// Receives a message from `sock`; Ok(None) when the other end has closed.
+pub fn recv(sock: RawFd) -> Result<Option<Message>> {
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    let mut space = [0u8; 64];
+    let mut iov = [IoSliceMut::new(&mut buf)];
+    // SAFETY: as in `send`.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = 1;
+    msg.msg_control = space.as_mut_ptr().cast();
+    msg.msg_controllen = space.len();
+    let n = loop {
+        // SAFETY: `msg` points at live buffers; MSG_CMSG_CLOEXEC: received fds are not inherited.
+        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e).context("receiving a message");
+        }
+    };
+    // Every descriptor that came is owned (and so closed) whatever happens next.
+    let mut fds = vec![];
+    // SAFETY: the kernel filled msg_control; the CMSG macros walk it within msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c);
+                let bytes = (*c).cmsg_len - (data as usize - c as usize);
+                for k in 0..bytes / std::mem::size_of::<RawFd>() {
+                    let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(k));
+                    fds.push(OwnedFd::from_raw_fd(fd));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if n == 0 && fds.is_empty() {
+        return Ok(None);
+    }
+    ensure!(
+        msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) == 0,
+        "a message over the limit"
+    );
+    ensure!(n >= 9, "a message of {n} bytes has no header");
+    ensure!(fds.len() <= 1, "a message with {} descriptors", fds.len());
+    buf.truncate(n);
+    Ok(Some(Message {
+        kind: buf[0],
+        id: u64::from_le_bytes(buf[1..9].try_into().unwrap()),
+        payload: buf.split_off(9),
+        fd: fds.pop(),
+    }))
+}
+
+/// A connected pair of SOCK_SEQPACKET sockets, close-on-exec.
+pub fn pair() -> Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: socketpair writes two descriptors into `fds`.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    ensure!(rc == 0, "socketpair: {}", std::io::Error::last_os_error());
+    // SAFETY: both descriptors are new and ours.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Builds a payload.
+#[derive(Default)]
+pub struct Writer(pub Vec<u8>);
+
+impl Writer {
+    pub fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    pub fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn bytes(&mut self, v: &[u8]) -> &mut Self {
+        self.u32(v.len() as u32);
+        self.0.extend_from_slice(v);
+        self
+    }
+    pub fn str(&mut self, v: &str) -> &mut Self {
+        self.bytes(v.as_bytes())
+    }
+}
+
+/// Reads a payload, every read checked against what is left.
+pub struct Reader<'a> {
+    data: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(data: &'a [u8]) -> Reader<'a> {
+        Reader { data }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        ensure!(
+            n <= self.data.len(),
+            "a message cut short ({n} bytes wanted, {} left)",
+            self.data.len()
+        );
+        let (head, rest) = self.data.split_at(n);
+        self.data = rest;
+        Ok(head)
+    }
+    pub fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    pub fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    pub fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    pub fn bytes(&mut self) -> Result<&'a [u8]> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    pub fn str(&mut self) -> Result<&'a str> {
+        std::str::from_utf8(self.bytes()?).context("a string that is not UTF-8")
+    }
+    /// A count of items of at least `item_bytes` each, no more than what is left could hold.
+    pub fn count(&mut self, item_bytes: usize) -> Result<usize> {
+        let n = self.u32()? as usize;
+        ensure!(
+            n.saturating_mul(item_bytes.max(1)) <= self.data.len(),
+            "a count of {n} that the message cannot hold"
+        );
+        Ok(n)
+    }
+    /// Fails unless the whole payload was read.
+    pub fn end(&self) -> Result<()> {
+        if !self.data.is_empty() {
+            bail!("{} bytes left over in a message", self.data.len());
+        }
+        Ok(())
+    }
+}
+
+/// A memfd holding `data`, sealed against writes and resizes, so that what the receiver
+/// checked is what it reads.
+pub fn sealed_memfd(name: &str, data: &[u8]) -> Result<OwnedFd> {
+    let cname = std::ffi::CString::new(name).unwrap_or_default();
+    // SAFETY: memfd_create with a valid name.
+    let fd =
+        unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    ensure!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    // SAFETY: a new descriptor, ours.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let file = std::fs::File::from(fd);
+    std::os::unix::fs::FileExt::write_all_at(&file, data, 0).context("writing a memfd")?;
+    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+    // SAFETY: fcntl on our descriptor.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+    ensure!(
+        rc == 0,
+        "sealing a memfd: {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(file.into())
+}
+
+/// The bytes of a memfd another process sent, if it is sealed as `sealed_memfd` seals: its
+/// sender can no longer change them under the reader.
+pub fn read_sealed(fd: &OwnedFd, max: u64) -> Result<Vec<u8>> {
+    // SAFETY: fcntl on a descriptor we own.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    let want = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+    ensure!(
+        seals >= 0 && seals & want == want,
+        "a memfd that is not sealed"
+    );
+    let file = std::fs::File::from(fd.try_clone()?);
+    let len = file.metadata()?.len();
+    ensure!(
+        len <= max,
+        "a memfd of {len} bytes, over the {max} expected"
+    );
+    let mut data = vec![0u8; len as usize];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut data, 0)?;
+    Ok(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_and_descriptors_cross_whole() {
+        let (a, b) = pair().unwrap();
+        let memfd = sealed_memfd("t", b"records").unwrap();
+        send(a.as_raw_fd(), 7, 42, b"hello", Some(memfd.as_raw_fd())).unwrap();
+        let m = recv(b.as_raw_fd()).unwrap().unwrap();
+        assert_eq!((m.kind, m.id, &m.payload[..]), (7, 42, &b"hello"[..]));
+        assert_eq!(
+            read_sealed(m.fd.as_ref().unwrap(), 100).unwrap(),
+            b"records"
+        );
+        assert!(
+            read_sealed(m.fd.as_ref().unwrap(), 3).is_err(),
+            "over the max"
+        );
+        drop(a);
+        assert!(recv(b.as_raw_fd()).unwrap().is_none(), "closed");
+    }
+
+    #[test]
+    fn unsealed_memfds_are_refused() {
+        let file = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut &file, b"x").unwrap();
+        assert!(read_sealed(&OwnedFd::from(file), 10).is_err());
+    }
+
+    #[test]
+    fn payload_reads_are_checked() {
+        let mut w = Writer::default();
+        w.u8(1).u32(2).u64(3).str("four");
+        let mut r = Reader::new(&w.0);
+        assert_eq!(
+            (r.u8().unwrap(), r.u32().unwrap(), r.u64().unwrap()),
+            (1, 2, 3)
+        );
+        assert_eq!(r.str().unwrap(), "four");
+        r.end().unwrap();
+        let mut r = Reader::new(&[9, 0, 0, 0, 1]);
+        assert!(r.bytes().is_err(), "a length past the end");
+        let mut r = Reader::new(&[255, 255, 255, 255]);
+        assert!(r.count(8).is_err(), "a count the message cannot hold");
+    }
+}
