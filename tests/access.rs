@@ -702,3 +702,174 @@ fn symlinks_in_a_users_dataset_serve_no_byte_they_could_not_read() {
     // The epoch served exactly the two good images.
     assert!(out.contains("epoch 0: 2 samples ("), "{out}\n{bad}");
 }
+
+/// A line of /proc/PID/status ("CapEff", "NoNewPrivs", "Uid").
+fn status_of(pid: u32, key: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The processes of the larderd binary running as `uid` (readers are forks of it).
+fn larderd_processes_of(uid: u32) -> Vec<u32> {
+    let exe = std::fs::canonicalize(env!("CARGO_BIN_EXE_larderd")).unwrap();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| p == exe))
+        .filter(|pid| status_of(*pid, "Uid").split_whitespace().next() == Some(&uid.to_string()))
+        .collect()
+}
+
+#[test]
+#[ignore = "adds users and groups: needs root (scripts/test runs it as root)"]
+fn a_users_files_are_parsed_by_a_reader_as_them_and_its_failure_is_theirs_alone() {
+    assert_eq!(unsafe { libc::geteuid() }, 0, "run as root");
+    let users = Users::make();
+    let (alice, bob) = (users.uid(0), users.uid(1));
+    let (an, bn) = (users.names[0].clone(), users.names[1].clone());
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    set_mode(root, 0o755);
+    // Each user's file, 0600 in their 0700 home; samples of 12 KB, so that a memory tier of a
+    // few samples makes every epoch read them from the reader (no scratch tier).
+    let mut files = vec![];
+    for (uid, name) in [(alice, "alice"), (bob, "bob")] {
+        let home = root.join(name);
+        own_dir(&home, uid, 0o700);
+        let f = home.join("own.h5");
+        make_dataset(&f, 64, &[3, 64, 64]).unwrap();
+        own_file(&f, uid, 0o600);
+        files.push(f);
+    }
+    let (socket, state) = (root.join("larder.sock"), root.join("state"));
+    let config = root.join("larder.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "unix_socket = {socket:?}\nunix_socket_mode = 0o666\nstate_dir = {state:?}\n\
+             [scratch]\nenabled = false\n[memory]\nbudget_bytes = 400000\nmessage_bytes = 300000\n"
+        ),
+    )
+    .unwrap();
+    let daemon = Larderd(common::spawn_larderd(&config, &socket));
+    let pid = daemon.0.id();
+    // Readers left stopped by a failed assertion are ended with the test.
+    struct Reap(Vec<u32>);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            for uid in &self.0 {
+                for p in larderd_processes_of(*uid) {
+                    unsafe { libc::kill(p as i32, libc::SIGKILL) };
+                }
+            }
+        }
+    }
+    let _reap = Reap(vec![alice, bob]);
+    let ok = |o: Output| {
+        assert!(o.status.success(), "{}", text(&o));
+        text(&o)
+    };
+    let add = |uid, f: &Path| {
+        ok(larder_as(
+            uid,
+            &socket,
+            &["add", "own", f.to_str().unwrap(), "--labels", "labels"],
+        ))
+    };
+    add(alice, &files[0]);
+    add(bob, &files[1]);
+    let (mine, theirs) = (format!("{an}/own"), format!("{bn}/own"));
+    let bench = |uid, name: &str| {
+        larder_as(
+            uid,
+            &socket,
+            &[
+                "bench",
+                name,
+                "--epochs",
+                "1",
+                "--batch-size",
+                "8",
+                "--clients",
+                "1",
+            ],
+        )
+    };
+    ok(bench(alice, &mine));
+    ok(bench(bob, &theirs));
+
+    // The serving daemon holds no capability; the readers run as their owners with none.
+    assert_eq!(status_of(pid, "CapEff"), "0000000000000000");
+    assert_eq!(status_of(pid, "NoNewPrivs"), "1");
+    let readers = larderd_processes_of(alice);
+    assert_eq!(readers.len(), 1, "alice's reader: {readers:?}");
+    let reader = readers[0];
+    assert_eq!(status_of(reader, "CapEff"), "0000000000000000");
+    assert_eq!(status_of(reader, "NoNewPrivs"), "1");
+    let groups = status_of(reader, "Groups");
+    assert!(!groups.split_whitespace().any(|g| g == "0"), "{groups}");
+    // No thread of the daemon ever switches to a user any more.
+    assert!(thread_fs_ids(pid).iter().all(|&(u, _)| u == 0));
+
+    // Alice's reader crashes: her stream ends with an error naming her dataset at once; bob
+    // streams on; the daemon is the same process; after the backoff hers serves again.
+    // (Rust's stack-overflow handler takes the first SIGSEGV that is sent rather than caused by
+    // a fault, and puts the default action back: the second is the crash.)
+    for _ in 0..2 {
+        unsafe { libc::kill(reader as i32, libc::SIGSEGV) };
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(larderd_processes_of(alice).is_empty(), "the reader crashed");
+    let started = Instant::now();
+    let failed = bench(alice, &mine);
+    let said = text(&failed);
+    assert!(!failed.status.success(), "{said}");
+    assert!(
+        said.contains(&mine) && said.contains("not served now"),
+        "{said}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    ok(bench(bob, &theirs));
+    assert!(
+        std::fs::metadata(format!("/proc/{pid}")).is_ok(),
+        "the daemon lives"
+    );
+    let back = Instant::now();
+    loop {
+        let o = bench(alice, &mine);
+        if o.status.success() {
+            break;
+        }
+        assert!(back.elapsed() < Duration::from_secs(20), "{}", text(&o));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    // Her reader hangs (stopped): her stream ends within 10 s, bob's does not notice.
+    let readers = larderd_processes_of(alice);
+    assert_eq!(readers.len(), 1, "a new reader: {readers:?}");
+    unsafe { libc::kill(readers[0] as i32, libc::SIGSTOP) };
+    let started = Instant::now();
+    let failed = bench(alice, &mine);
+    let said = text(&failed);
+    assert!(!failed.status.success(), "{said}");
+    assert!(
+        said.contains(&mine) && said.contains("not served now"),
+        "{said}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(12),
+        "{:?}",
+        started.elapsed()
+    );
+    ok(bench(bob, &theirs));
+    unsafe { libc::kill(readers[0] as i32, libc::SIGKILL) };
+    assert!(
+        std::fs::metadata(format!("/proc/{pid}")).is_ok(),
+        "the daemon lives"
+    );
+}

@@ -48,7 +48,11 @@ struct Connection {
 impl Connection {
     /// A reader for `user`, from the launcher; its answers are read on a thread of its own.
     fn start(launcher: &Launcher, user: &User) -> Result<Arc<Connection>> {
-        let sock = launcher.spawn_reader(user)?;
+        Connection::over(launcher.spawn_reader(user)?)
+    }
+
+    /// The reader at the other end of `sock`.
+    fn over(sock: OwnedFd) -> Result<Arc<Connection>> {
         let c = Arc::new(Connection {
             sock,
             pending: Mutex::default(),
@@ -181,7 +185,8 @@ struct Meta {
 /// A user's dataset read by readers running as its owner.
 pub struct RemoteSource {
     name: String,
-    launcher: &'static Launcher,
+    /// Where a new reader comes from after a failure (None: nowhere; the tests' readers).
+    launcher: Option<&'static Launcher>,
     user: User,
     /// The request that opens it: its table and the limits, as TOML.
     open_request: Vec<u8>,
@@ -211,6 +216,18 @@ pub fn open(
         .str(&toml::to_string(limits)?);
     let open_request = w.0;
     let reader = Connection::start(launcher, &user)?;
+    from_reader(Some(launcher), user, c, limits, open_request, reader)
+}
+
+/// Opens dataset `c` in `reader`, the first reader of its dataset.
+fn from_reader(
+    launcher: Option<&'static Launcher>,
+    user: User,
+    c: &DatasetConfig,
+    limits: &Limits,
+    open_request: Vec<u8>,
+    reader: Arc<Connection>,
+) -> Result<Opened> {
     let (meta, sizes, files) = open_in(&reader, &open_request, limits)?;
     let format = crate::source::format_named(&meta.kind)?;
     let schema = meta.schema.clone();
@@ -318,7 +335,10 @@ impl RemoteSource {
             max_sample_bytes: self.max_sample_bytes,
             ..Limits::default()
         };
-        let started = Connection::start(self.launcher, &self.user)
+        let launcher = self
+            .launcher
+            .ok_or_else(|| self.unavailable("its reader failed, and none is started again here"))?;
+        let started = Connection::start(launcher, &self.user)
             .and_then(|r| open_in(&r, &self.open_request, &limits).map(|m| (r, m)));
         match started {
             Ok((r, (meta, _, _))) if meta == self.meta => {
@@ -462,5 +482,155 @@ impl Provenance for RemoteSource {
 
     fn root(&self) -> &Path {
         &self.meta.root
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fields::{DType, FieldSpec};
+
+    /// What a lying reader answers to a `LOAD` of samples 0..2 (after an honest `OPEN`).
+    enum Lie {
+        PastTheEnd,
+        NotTheSchema,
+        Unsealed,
+        WrongCount,
+        NotAsked,
+        Silent,
+        Gone,
+    }
+
+    /// A dataset of two samples of one uint8 [4] field, read by a fake reader that lies.
+    fn lied_to(lie: Lie) -> anyhow::Error {
+        let (daemon_end, reader_end) = wire::pair().unwrap();
+        std::thread::spawn(move || {
+            let fd = reader_end.as_raw_fd();
+            while let Ok(Some(m)) = wire::recv(fd) {
+                if m.kind == OPEN {
+                    let schema =
+                        Schema::new(vec![FieldSpec::fixed("x", DType::Uint8, &[4])]).unwrap();
+                    let mut w = Writer::default();
+                    w.str("hdf5")
+                        .u64(2)
+                        .u64(1)
+                        .u64(8)
+                        .str("fake")
+                        .str("v1")
+                        .str("/fake")
+                        .str("Identity");
+                    reader::write_schema(&mut w, &schema);
+                    let bulk =
+                        wire::sealed_memfd("m", &[4u64.to_le_bytes(), 4u64.to_le_bytes()].concat())
+                            .unwrap();
+                    wire::send(fd, OPEN, m.id, &w.0, Some(bulk.as_raw_fd())).unwrap();
+                    continue;
+                }
+                let records = |n: usize| wire::sealed_memfd("r", &vec![7u8; n]).unwrap();
+                let mut w = Writer::default();
+                w.u64(8);
+                let (id, memfd) = match lie {
+                    Lie::PastTheEnd => {
+                        w.u32(2)
+                            .u8(SAMPLE_OK)
+                            .u64(0)
+                            .u64(4)
+                            .u8(SAMPLE_OK)
+                            .u64(4)
+                            .u64(4);
+                        (m.id, records(6))
+                    }
+                    Lie::NotTheSchema => {
+                        w.u32(2)
+                            .u8(SAMPLE_OK)
+                            .u64(0)
+                            .u64(3)
+                            .u8(SAMPLE_OK)
+                            .u64(3)
+                            .u64(5);
+                        (m.id, records(8))
+                    }
+                    Lie::Unsealed => {
+                        w.u32(2)
+                            .u8(SAMPLE_OK)
+                            .u64(0)
+                            .u64(4)
+                            .u8(SAMPLE_OK)
+                            .u64(4)
+                            .u64(4);
+                        (m.id, OwnedFd::from(tempfile::tempfile().unwrap()))
+                    }
+                    Lie::WrongCount => {
+                        w.u32(1).u8(SAMPLE_OK).u64(0).u64(4);
+                        (m.id, records(4))
+                    }
+                    Lie::NotAsked => {
+                        w.u32(2)
+                            .u8(SAMPLE_OK)
+                            .u64(0)
+                            .u64(4)
+                            .u8(SAMPLE_OK)
+                            .u64(4)
+                            .u64(4);
+                        (m.id + 1000, records(8))
+                    }
+                    Lie::Silent => continue,
+                    Lie::Gone => return,
+                };
+                let _ = wire::send(fd, LOAD, id, &w.0, Some(memfd.as_raw_fd()));
+            }
+        });
+        let c =
+            DatasetConfig::from_table(toml::from_str("name = \"u/x\"\npath = \"/fake\"").unwrap())
+                .unwrap();
+        let user = User {
+            uid: 1000,
+            gid: 1000,
+            groups: vec![],
+        };
+        let opened = from_reader(
+            None,
+            user,
+            &c,
+            &Limits::default(),
+            vec![],
+            Connection::over(daemon_end).unwrap(),
+        )
+        .unwrap();
+        let source = opened.source;
+        let p = source.prepared().unwrap();
+        let started = Instant::now();
+        let err = p.load(0, 2).unwrap_err();
+        assert!(started.elapsed() < ANSWER_WITHIN + Duration::from_secs(2));
+        assert_eq!(Error::kind_of(&err), Kind::Reader, "{err:#}");
+        assert!(
+            format!("{err:#}").contains("\"u/x\" is not served now"),
+            "{err:#}"
+        );
+        // The reader is done with: the next request says so at once.
+        let again = p.load(0, 1).unwrap_err();
+        assert_eq!(Error::kind_of(&again), Kind::Reader, "{again:#}");
+        err
+    }
+
+    #[test]
+    fn a_reader_that_lies_or_fails_costs_its_dataset_a_clear_error() {
+        for (lie, says) in [
+            (Lie::PastTheEnd, "past the memfd's end"),
+            (Lie::NotTheSchema, "does not fit the dataset's fields"),
+            (Lie::Unsealed, "not sealed"),
+            (Lie::WrongCount, "1 samples for 2 asked"),
+            (Lie::NotAsked, "not asked"),
+            (Lie::Gone, "the reader process ended"),
+        ] {
+            let err = format!("{:#}", lied_to(lie));
+            assert!(err.contains(says), "{says}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_reader_that_hangs_is_given_up_on() {
+        let err = format!("{:#}", lied_to(Lie::Silent));
+        assert!(err.contains("did not answer within 8 s"), "{err}");
     }
 }
