@@ -311,6 +311,17 @@ def plot_frameworks(data, ax):
     return "Two processes under torchrun: samples/s per setup"
 
 
+def plot_readers(data, ax):
+    rows = data["rows"]
+    kinds = list(dict.fromkeys(r["data"] for r in rows))
+    setups = list(dict.fromkeys(r["setup"] for r in rows))
+    series = {s: [next((r["samples_per_s"] for r in rows if r["data"] == k and r["setup"] == s), 0)
+                  for k in kinds] for s in setups}
+    _bars(ax, kinds, series)
+    ax.set_ylabel("samples/s, cold epoch (median of rounds)")
+    return "Read and decoded in the daemon or in a reader as the files' owner"
+
+
 PLOTS = {
     "delivery": plot_delivery,
     "images": plot_images,
@@ -318,6 +329,7 @@ PLOTS = {
     "gridsearch": plot_gridsearch,
     "soak": plot_soak,
     "frameworks": plot_frameworks,
+    "readers": plot_readers,
 }
 
 
