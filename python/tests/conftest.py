@@ -190,24 +190,28 @@ class Daemon:
             self.socket.unlink()  # as a crashed daemon leaves it; a new one would replace it
 
 
-def quadrant_daemon(tmp_path, n: int) -> Daemon:
-    """larderd serving "quad", a learnable set: the class decides which quadrant is bright."""
+def write_quadrants(path: pathlib.Path, n: int) -> None:
+    """A learnable set of n 3x16x16 images: the class (0-3) decides which quadrant is bright."""
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 4, n)
     images = rng.integers(0, 60, (n, 3, 16, 16), dtype=np.uint8)
     for i, c in enumerate(labels):
         y, x = divmod(int(c), 2)
         images[i, :, y * 8 : y * 8 + 8, x * 8 : x * 8 + 8] += 150
-    with h5py.File(tmp_path / "quad.h5", "w") as f:
+    with h5py.File(path, "w") as f:
         f.create_dataset("images", data=images)
         f.create_dataset("labels", data=labels.astype(np.int64))
-    return Daemon(tmp_path, f'[[dataset]]\nname = "quad"\npath = "{tmp_path / "quad.h5"}"\nlabels = "labels"\n')
+
+
+def h5_table(name: str, path: pathlib.Path) -> str:
+    """The [[dataset]] table of an HDF5 file of "images" and "labels"."""
+    return f'[[dataset]]\nname = "{name}"\npath = "{path}"\nlabels = "labels"\n'
 
 
 @pytest.fixture
 def h5_dataset(tmp_path):
     make_h5(tmp_path / "train.h5", 300)
-    return f'[[dataset]]\nname = "train"\npath = "{tmp_path / "train.h5"}"\nlabels = "labels"\n'
+    return h5_table("train", tmp_path / "train.h5")
 
 
 @pytest.fixture
@@ -215,3 +219,70 @@ def daemon(tmp_path, h5_dataset):
     d = Daemon(tmp_path, h5_dataset)
     yield d
     d.stop()
+
+
+@pytest.fixture(scope="session")
+def services(tmp_path_factory):
+    """The daemons the launched runs stream from (see launches.py), for the session: "train"
+    (make_h5's 300 samples), "quad" (write_quadrants' 512, and "quad-513"), and "folders" (no
+    dataset of its own: the runs add theirs by path)."""
+    train, quad, folders = (tmp_path_factory.mktemp(name) for name in ("train", "quad", "folders"))
+    make_h5(train / "train.h5", 300)
+    write_quadrants(quad / "quad.h5", 512)
+    write_quadrants(quad / "quad-513.h5", 513)
+    daemons = {
+        "train": Daemon(train, h5_table("train", train / "train.h5")),
+        "quad": Daemon(quad, h5_table("quad", quad / "quad.h5") + h5_table("quad-513", quad / "quad-513.h5")),
+        "folders": Daemon(folders, ""),
+    }
+    yield {name: d.unix for name, d in daemons.items()}
+    for d in daemons.values():
+        d.stop()
+
+
+@pytest.fixture(scope="session")
+def launched(tmp_path_factory, services):
+    """`launched(run)`: the outcome of a run registered in launches.py's groups, its group
+    launched once for the session."""
+    from launches import Launched
+
+    runs = Launched(tmp_path_factory.mktemp("launched"), services)
+    yield runs
+    runs.close()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "quiet: asserts how fast things go; runs after the other tests, once the launched groups "
+        "(launches.py) have ended, on a machine left to it")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The order the tests run in: those that read the launched groups after the others, which
+    run while the groups do (started with the session: `groups_start_first`), and the quiet
+    ones last (see `pytest_configure`)."""
+    def place(item) -> int:
+        if item.get_closest_marker("quiet") is not None:
+            return 2
+        return 1 if "launched" in item.fixturenames else 0
+
+    items.sort(key=place)  # stable: each part in the order collected
+
+
+@pytest.fixture(scope="session", autouse=True)
+def groups_start_first(request):
+    """The launched groups, when any test reads them, start with the session: they run while
+    the other tests do."""
+    if any("launched" in item.fixturenames for item in request.session.items):
+        request.getfixturevalue("launched").start()
+    yield
+
+
+@pytest.fixture(autouse=True)
+def quiet_machine(request):
+    """A quiet test waits for the launched groups to end."""
+    if request.node.get_closest_marker("quiet") is not None and \
+            any("launched" in item.fixturenames for item in request.session.items):
+        request.getfixturevalue("launched").wait()
+    yield
+

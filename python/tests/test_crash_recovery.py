@@ -15,6 +15,8 @@ import zlib
 import h5py
 import numpy as np
 
+import pytest
+
 import larder
 from conftest import Daemon
 
@@ -95,6 +97,7 @@ def warm_until(d, fraction):
     return (seen[-1] if seen else None), (errors[0] if errors else None)
 
 
+@pytest.mark.quiet
 def test_sigkill_mid_epoch_and_mid_warm_then_restart_serves_every_sample_exactly(tmp_path):
     path = tmp_path / "crash.h5"
     write(path)

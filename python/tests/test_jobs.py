@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO, larderd_binary
 
 
+@pytest.mark.quiet
 def test_concurrent_jobs_get_within_five_points_of_the_offline_optimum(tmp_path):
     out = tmp_path / "jobs.json"
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))

@@ -116,13 +116,15 @@ def test_a_real_prometheus_scrapes_it(scraped, tmp_path):
         prom.wait()
 
 
+@pytest.mark.quiet
 def test_an_input_bound_job_and_a_compute_bound_one_are_told_apart(tmp_path):
     """Two client processes on one dataset: one does nothing between batches (all its time is
     waiting for the next: input-bound), one works 0.3 s on each (larder has the next ready:
     compute-bound). The clients measure their loops and report them; the verdicts come out right
-    within 5 s in each job's own `input_stats()`, in `ListStreams` and in `larder top --once`,
-    with the input-bound one's cause (its samples come from the raw file) and fix. Another
-    process's report on a stream not its own is refused."""
+    within 5 s in each job's own `input_stats()` (judged by the thresholds the daemon answers
+    with), in `ListStreams` and in `larder top --once`, with the input-bound one's cause (its
+    samples come from the raw file) and fix. Another process's report on a stream not its own
+    is refused."""
     from conftest import larder_binary
     from larder.v1 import larder_pb2 as pb
     import grpc
@@ -145,31 +147,46 @@ def test_an_input_bound_job_and_a_compute_bound_one_are_told_apart(tmp_path):
     jobs = [subprocess.Popen([sys.executable, "-c", script, d.unix, str(seed), str(work),
                               str(tmp_path / f"{name}.json"), name], env=env)
             for seed, work, name in ((1, 0.0, "eager"), (2, 0.3, "thinker"))]
+
+    def told_apart(c):
+        """Checks the verdicts, in the daemon and in each job's own view, with their causes;
+        returns the eager job's stream."""
+        rows = c.streams().streams
+        by_job = {r.job: r for r in rows}
+        assert {r.pid for r in rows} == {j.pid for j in jobs}, rows
+        assert set(by_job) == {"eager", "thinker"}, rows
+        eager, thinker = by_job["eager"], by_job["thinker"]
+        assert (eager.verdict, thinker.verdict) == ("input-bound", "compute-bound"), rows
+        assert eager.measured_by_client and thinker.measured_by_client, rows
+        assert eager.cause in ("raw reads", "preprocessing") and "larder warm big" in eager.advice, eager
+        assert thinker.cause == "" and thinker.advice == "", thinker
+        assert eager.raw_samples > 0 and eager.memory_samples < eager.raw_samples, eager
+        # The thinker's loop waits under 5% of its step time; the eager one most of it.
+        assert thinker.wait_ratio < 0.05 < 0.2 < eager.wait_ratio, rows
+        mine = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in ("eager", "thinker")}
+        assert mine["eager"]["verdict"] == "input-bound" and mine["eager"]["wait_ratio"] > 0.2, mine
+        assert mine["eager"]["cause"] in ("raw reads", "preprocessing"), mine
+        assert mine["thinker"]["verdict"] == "compute-bound" and mine["thinker"]["step_seconds"] > 1, mine
+        return eager
+
     try:
-        time.sleep(5)
+        # Right within 5 s: looked at as the jobs go, until right (or 5 s have passed).
+        deadline = time.monotonic() + 5
         with larder.Client(d.unix) as c:
-            rows = c.streams().streams
-            by_job = {r.job: r for r in rows}
-            assert {r.pid for r in rows} == {j.pid for j in jobs}, rows
-            assert set(by_job) == {"eager", "thinker"}, rows
-            eager, thinker = by_job["eager"], by_job["thinker"]
-            assert (eager.verdict, thinker.verdict) == ("input-bound", "compute-bound"), rows
-            assert eager.measured_by_client and thinker.measured_by_client, rows
-            assert eager.cause in ("raw reads", "preprocessing") and "larder warm big" in eager.advice, eager
-            assert thinker.cause == "" and thinker.advice == "", thinker
-            assert eager.raw_samples > 0 and eager.memory_samples < eager.raw_samples, eager
-            # The thinker's loop waits under 5% of its step time; the eager one most of it.
-            assert thinker.wait_ratio < 0.05 < 0.2 < eager.wait_ratio, rows
+            while True:
+                try:
+                    eager = told_apart(c)
+                    break
+                except (AssertionError, OSError, ValueError):
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.25)
             # Not this process's stream: refused, and the stream's measure is untouched.
             with pytest.raises(grpc.RpcError) as e:
                 c._stub.ReportInput(pb.ReportInputRequest(stream_id=eager.id, job="forged",
                                                           window_wait_seconds=0.0, window_step_seconds=100.0))
             assert e.value.code() == grpc.StatusCode.NOT_FOUND
             assert {r.job for r in c.streams().streams} == {"eager", "thinker"}
-        mine = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in ("eager", "thinker")}
-        assert mine["eager"]["verdict"] == "input-bound" and mine["eager"]["wait_ratio"] > 0.2, mine
-        assert mine["eager"]["cause"] in ("raw reads", "preprocessing"), mine
-        assert mine["thinker"]["verdict"] == "compute-bound" and mine["thinker"]["step_seconds"] > 1, mine
         words = ("input-bound", "compute-bound", "eager", "thinker", "big", "larder warm big")
         for _ in range(20):  # a job between two epochs has no stream open for a moment
             top = subprocess.run([str(larder_binary()), "--addr", d.unix, "top", "--once"],
@@ -188,9 +205,11 @@ def test_an_input_bound_job_and_a_compute_bound_one_are_told_apart(tmp_path):
         d.stop()
 
 
+@pytest.mark.quiet
 def test_an_input_bound_job_is_told_the_cause_and_fix_once_in_its_log(tmp_path):
     """By default a job that has been input-bound for a while logs one line through `logging`
-    naming the cause and the fix (here after 2 s: $LARDER_ADVICE_AFTER)."""
+    naming the cause and the fix (here after 1 s: $LARDER_ADVICE_AFTER), and only one: the job
+    goes on input-bound after it."""
     make_h5(tmp_path / "big.h5", 3000, shape=(3, 64, 64))
     d = Daemon(tmp_path, f'[[dataset]]\nname = "big"\npath = "{tmp_path / "big.h5"}"\nlabels = "labels"\n',
                scratch="enabled = false\n", budget_bytes=1_000_000)
@@ -198,10 +217,10 @@ def test_an_input_bound_job_is_told_the_cause_and_fix_once_in_its_log(tmp_path):
               "logging.basicConfig(level=logging.INFO)\n"
               "with larder.Client(sys.argv[1], job='eager') as c:\n"
               "    t = time.monotonic()\n"
-              "    while time.monotonic() - t < 6:\n"
+              "    while time.monotonic() - t < 4:\n"
               "        for _ in c.stream('big', 64, epoch=int(time.monotonic()), prefetch=0):\n"
               "            pass\n")
-    env = {**os.environ, "PYTHONPATH": str(REPO / "python"), "LARDER_ADVICE_AFTER": "2"}
+    env = {**os.environ, "PYTHONPATH": str(REPO / "python"), "LARDER_ADVICE_AFTER": "1"}
     try:
         out = subprocess.run([sys.executable, "-c", script, d.unix], env=env, capture_output=True, text=True,
                              timeout=60)

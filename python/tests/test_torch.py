@@ -1,5 +1,6 @@
 """The torch IterableDataset: DataLoader workers x DDP ranks, exactly once, resume, training."""
 
+import importlib.util
 import pathlib
 import re
 import subprocess
@@ -10,7 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
-from conftest import REPO, Daemon, quadrant_daemon, sample_ids  # noqa: E402
+from conftest import REPO, Daemon, sample_ids  # noqa: E402
+from launches import EXAMPLES, FORKS_THEN_GRPC, PYTHON, TORCHRUN_GROUP, Run  # noqa: E402
 import larder.torch as larder_torch  # noqa: E402
 from larder.torch import LarderIterableDataset  # noqa: E402
 
@@ -142,20 +144,21 @@ def test_stateful_dataloader_resumes_mid_epoch_with_workers(daemon, persistent):
     assert ids_of(resumed) != full, "and the loader goes on to the next epoch"
 
 
-def run_example(launcher: list, address: str, epochs: int) -> subprocess.CompletedProcess:
-    d_args = ["--address", address, "--dataset", "quad", "--epochs", str(epochs), "--batch-size", "32",
-              "--workers", "2", "--classes", "4"]
-    return subprocess.run(launcher + [str(REPO / "python" / "examples" / "train.py")] + d_args,
-                          capture_output=True, text=True, timeout=300)
+def train_example(group, name, dataset, epochs):
+    return group.add(name, EXAMPLES / "train.py", "--address", "{quad}", "--dataset", dataset, "--epochs", epochs,
+                     "--batch-size", 32, "--workers", 2, "--classes", 4, grpc=FORKS_THEN_GRPC)
 
 
-def test_example_training_script_learns(tmp_path):
-    d = quadrant_daemon(tmp_path, 512)
-    try:
-        out = run_example([sys.executable], d.unix, epochs=3)
-    finally:
-        d.stop()
-    assert out.returncode == 0, out.stderr
+TRAIN_EXAMPLE = train_example(PYTHON, "train-example", "quad", 3)
+# 513 samples on 2 ranks: 16 rounds of 64, then 1 left. Were the ranks given 257 and 256
+# samples, the one with fewer batches would leave and the other hang or fail in its next
+# gradient sync; even batches give each 257 (one sample repeated), and the loop needs no join.
+TRAIN_EXAMPLE_UNEVEN = train_example(TORCHRUN_GROUP, "train-example-uneven", "quad-513", 2)
+
+
+def test_example_training_script_learns(launched):
+    out = launched(TRAIN_EXAMPLE)
+    assert out.ok, out.failure()
     last = [l for l in out.stdout.splitlines() if l.startswith("epoch 2")]
     assert last, out.stdout
     accuracy = float(last[0].split("accuracy ")[1].split()[0])
@@ -163,48 +166,51 @@ def test_example_training_script_learns(tmp_path):
     assert "larderd memory hit rate" in out.stdout
 
 
-def test_example_under_torchrun_with_uneven_ranks(tmp_path):
-    # 513 samples on 2 ranks: 16 rounds of 64, then 1 left. Were the ranks given 257 and 256
-    # samples, the one with fewer batches would leave and the other hang or fail in its next
-    # gradient sync; even batches give each 257 (one sample repeated), and the loop needs no join.
-    d = quadrant_daemon(tmp_path, 513)
-    try:
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-        out = run_example(torchrun, d.unix, epochs=2)
-    finally:
-        d.stop()
-    assert out.returncode == 0, out.stderr[-3000:]
-    # The ranks' lines can interleave on the shared stdout.
+def test_example_under_torchrun_with_uneven_ranks(launched):
+    out = launched(TRAIN_EXAMPLE_UNEVEN)
+    assert out.ok, out.failure()
     lines = re.findall(r"epoch (\d+): loss \S+ accuracy \S+ \((\d+) samples", out.stdout)
     for epoch in range(2):
         assert sorted(int(n) for e, n in lines if e == str(epoch)) == [257, 257], out.stdout
 
 
-def _ddp_rank(rank, world, store, address, out_dir, context):
+CONTEXTS = ("fork", "spawn")
+
+
+def _ddp_rank(rank, world, store, address, out_dir):
     import torch.distributed as dist
 
     # Built before the process group, as a DataModule would: the rank is resolved when
     # iteration starts, in forked and in spawned DataLoader workers.
-    ds = LarderIterableDataset("train", 16, address=address, seed=9)
+    datasets = {context: LarderIterableDataset("train", 16, address=address, seed=9) for context in CONTEXTS}
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
-        ids = ids_of(loader)
-        assert len(loader) == 10, "len() is this rank's batches"
-        (pathlib.Path(out_dir) / f"rank{rank}.txt").write_text(" ".join(map(str, ids)))
+        for context, ds in datasets.items():
+            loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
+            ids = ids_of(loader)
+            assert len(loader) == 10, "len() is this rank's batches"
+            (pathlib.Path(out_dir) / f"{context}-rank{rank}.txt").write_text(" ".join(map(str, ids)))
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_ddp_ranks_from_a_real_process_group(daemon, tmp_path, context):
+@pytest.fixture(scope="module")
+def ddp_shards(services, tmp_path_factory):
+    """{context: each rank's sample ids} of an epoch on 2 ranks of a real process group, with
+    DataLoader workers forked and spawned, the ranks started once for both."""
     import torch.multiprocessing as mp
 
+    out = tmp_path_factory.mktemp("ddp")
     # The ranks meet through a file (no port to pick and lose to another process before use).
-    store = tmp_path / "process-group"
-    mp.spawn(_ddp_rank, args=(2, str(store), daemon.unix, str(tmp_path), context), nprocs=2, join=True)
-    shards = [list(map(int, (tmp_path / f"rank{r}.txt").read_text().split())) for r in range(2)]
+    mp.spawn(_ddp_rank, args=(2, str(out / "process-group"), services["train"], str(out)), nprocs=2, join=True)
+    return {context: [list(map(int, (out / f"{context}-rank{r}.txt").read_text().split())) for r in range(2)]
+            for context in CONTEXTS}
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_ddp_ranks_from_a_real_process_group(ddp_shards, context):
+    shards = ddp_shards[context]
     assert all(len(s) == 150 for s in shards)
     assert sorted(shards[0] + shards[1]) == list(range(300)), "each sample on exactly one rank"
 
@@ -218,26 +224,57 @@ def test_len_is_the_batches_each_rank_gets(daemon, even, drop_last):
         assert len(loader) == len(list(loader))
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_dataloader_workers_are_said_once_to_cost_a_copy(daemon, workers):
-    """A port that keeps its script's num_workers is told once what to change; the
-    recommended setup hears nothing."""
-    script = (
+def _workers_script(address: str, workers: int) -> str:
+    return (
         "import sys, warnings; warnings.simplefilter('default')\n"
         "from torch.utils.data import DataLoader\n"
         "from larder.torch import LarderIterableDataset\n"
-        f"ds = LarderIterableDataset('train', 8, address={daemon.unix!r})\n"
+        f"ds = LarderIterableDataset('train', 8, address={address!r})\n"
         "for epoch in range(2):\n"
         f"    n = sum(len(l) for _, l in DataLoader(ds, batch_size=None, num_workers={workers}, persistent_workers=False))\n"
         "    assert n == 300, n\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                         env={**__import__("os").environ, "PYTHONPATH": str(REPO / "python")})
-    assert out.returncode == 0, out.stderr
-    said = out.stderr.count("is iterated in DataLoader workers")
-    assert said == (1 if workers else 0), out.stderr
+
+
+NO_TORCHVISION = (
+    "import sys; sys.modules['torchvision'] = None\n"
+    "import larder.torch as lt\n"
+    "from larder.torch import DataLoader, datasets\n"
+    "import larder.torch.datasets\n"
+    "assert next(iter(DataLoader([1, 2, 3], batch_size=2))).tolist() == [1, 2]\n"
+    "try:\n"
+    "    datasets.FakeData\n"
+    "except AttributeError as e:\n"
+    "    assert 'torchvision is not installed' in str(e), e\n"
+    "else:\n"
+    "    raise SystemExit('FakeData without torchvision')\n"
+)
+
+
+@pytest.fixture(scope="module")
+def fresh_processes(services):
+    """{name: (exit status, stderr)} of scripts that need a process of their own (what is said
+    once per process; a process without torchvision), run side by side."""
+    import os
+
+    scripts = {f"workers-{w}": _workers_script(services["train"], w) for w in (0, 2)}
+    scripts["no-torchvision"] = NO_TORCHVISION
+    env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
+    procs = {name: subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    text=True, env=env) for name, code in scripts.items()}
+    return {name: (p.communicate(timeout=120)[1], p.returncode)[::-1] for name, p in procs.items()}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_workers_are_said_once_to_cost_a_copy(fresh_processes, workers):
+    """A port that keeps its script's num_workers is told once what to change; the
+    recommended setup hears nothing."""
+    returncode, stderr = fresh_processes[f"workers-{workers}"]
+    assert returncode == 0, stderr
+    said = stderr.count("is iterated in DataLoader workers")
+    assert said == (1 if workers else 0), stderr
     if workers:
-        assert "num_workers=0" in out.stderr
+        assert "num_workers=0" in stderr
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -353,36 +390,36 @@ def _quadrant_folders(root, counts, size=40):
             Image.fromarray(a).save(root / split / f"c{c}" / f"{i}.png")
 
 
-def _run_example(tmp_path, ranks: int, script: str, *args: str, env=None) -> subprocess.CompletedProcess:
-    """python/examples/`script` with `args` against a fresh daemon (on $LARDER_ADDR too), in one
-    process or under torchrun with `ranks` ranks; asserts it succeeded, showing the first error
-    (a rank that failed, which the launcher's own report follows) and the end."""
-    import os
+def example(ranks: int, name: str, script: str, *args, setup) -> Run:
+    """python/examples/`script` with `args`, in one process or under torchrun with `ranks` ranks,
+    on the datasets of its own that it adds by path (the session's "folders" daemon, on
+    $LARDER_ADDR too), made by `setup(out)` in its own folder."""
+    group = PYTHON if ranks == 1 else TORCHRUN_GROUP
+    return group.add(f"{name}-{ranks}", EXAMPLES / script, *args, env={"LARDER_ADDR": "{folders}"}, setup=setup)
 
-    d = Daemon(tmp_path, "")
-    launcher = [sys.executable]
-    if ranks > 1:
-        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
-    try:
-        out = subprocess.run(
-            launcher + [str(REPO / "python" / "examples" / script), *args], capture_output=True, text=True,
-            timeout=300, env={**os.environ, "LARDER_ADDR": d.unix, **(env or {})})
-    finally:
-        d.stop()
-    assert out.returncode == 0, out.stderr[:4000] + "\n[...]\n" + out.stderr[-2000:]
+
+def succeeded(launched, run):
+    """The run's outcome, which must have succeeded (the failure shows the first error: a rank
+    that failed, which the launcher's own report follows, and the end)."""
+    out = launched(run)
+    assert out.ok, out.failure()
     return out
 
 
+IMAGENET = {ranks: example(ranks, "imagenet", "imagenet_train.py", "{out}/data", "--epochs", 3, "-b", 16,
+                           "--classes", 4, "--lr", 0.05, "--crop", 32, "--resize", 36,
+                           setup=lambda out: _quadrant_folders(out / "data", {"train": 101, "val": 101}))
+            for ranks in (1, 2)}
+
+
 @pytest.mark.parametrize("ranks", [1, 2])
-def test_imagenet_shaped_example_trains_and_validates_every_image_once(tmp_path, ranks):
+def test_imagenet_shaped_example_trains_and_validates_every_image_once(launched, ranks):
     """The example in the shape of pytorch/examples' ImageNet script, ported in three lines
     (the import of `datasets`, and `DataLoader` for both loaders): its torchvision transforms,
     DistributedSamplers and DataLoader arguments (4 workers) as the script has them. On 101 val
     images and 2 ranks, validation counts exactly the 101 (not 102 with the padding that evens
     the ranks)."""
-    _quadrant_folders(tmp_path / "data", {"train": 101, "val": 101})
-    out = _run_example(tmp_path, ranks, "imagenet_train.py", str(tmp_path / "data"), "--epochs", "3", "-b", "16",
-                       "--classes", "4", "--lr", "0.05", "--crop", "32", "--resize", "36")
+    out = succeeded(launched, IMAGENET[ranks])
     vals = re.findall(r"epoch (\d+): val Acc@1 (\S+) Acc@5 (\S+) over (\d+) images \(the dataset has (\d+)\)",
                       out.stdout)
     assert [v[0] for v in vals] == ["0", "1", "2"], out.stdout
@@ -396,16 +433,22 @@ def test_imagenet_shaped_example_trains_and_validates_every_image_once(tmp_path,
                                            for *_, v in stats), out.stdout
 
 
+HAS_TIMM = importlib.util.find_spec("timm") is not None
+TIMM_RECIPE = {ranks: example(ranks, "timm-recipe", "timm_train.py", "--folder", "--train", "{out}/train",
+                              "--val", "{out}/val", "--model", "test_resnet", "--img-size", 32, "--classes", 4,
+                              "-b", 8, "--epochs", 2,
+                              setup=lambda out: _quadrant_folders(out, {"train": 100, "val": 41}))
+               for ranks in (1, 2) if HAS_TIMM}
+
+
 @pytest.mark.parametrize("ranks", [1, 2])
-def test_timm_recipe_trains_through_timms_prefetcher_with_mixup_and_validates_exactly(tmp_path, ranks):
+def test_timm_recipe_trains_through_timms_prefetcher_with_mixup_and_validates_exactly(launched, ranks):
     """The timm recipe on image folders named by path: a timm model and optimizer, batches through
     timm's PrefetchLoader and Mixup, the last partial batch dropped as timm does; validation over
     exactly the val images on 1 and 2 ranks."""
-    pytest.importorskip("timm")
-    _quadrant_folders(tmp_path, {"train": 100, "val": 41})
-    out = _run_example(tmp_path, ranks, "timm_train.py", "--folder", "--train", str(tmp_path / "train"),
-                       "--val", str(tmp_path / "val"), "--model", "test_resnet", "--img-size", "32", "--classes", "4",
-                       "-b", "8", "--epochs", "2")
+    if not HAS_TIMM:
+        pytest.skip("timm is not installed here")
+    out = succeeded(launched, TIMM_RECIPE[ranks])
     vals = re.findall(r"epoch (\d+): val top-1 (\S+) over (\d+) images \(the dataset has (\d+)\)", out.stdout)
     assert [v[0] for v in vals] == ["0", "1"] and all(v[2] == v[3] == "41" for v in vals), out.stdout
     trained = re.findall(r"rank (\d+) epoch (\d+): train loss (\S+) \((\d+) samples\)", out.stdout)
@@ -417,27 +460,40 @@ def test_timm_recipe_trains_through_timms_prefetcher_with_mixup_and_validates_ex
 def test_ranks_naming_one_folder_at_once_all_get_it(tmp_path):
     """Under torchrun every rank calls `ImageFolder(path)` at once: one adds the folder, the
     others get ALREADY_EXISTS while the daemon is still walking it, and wait until it is served
-    (they raised "added but is not served" before, one CI run in several)."""
+    (rather than raise "added but is not served"). Three callers at once, each with its own
+    connection, as three ranks."""
+    import io
+    import threading
+
     import numpy as np
     from PIL import Image
 
-    rng = np.random.default_rng(0)
-    for i in range(3000):  # enough that walking the folder takes the other ranks' whole calls
+    png = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(png, "PNG")
+    for i in range(3000):  # enough that walking the folder takes the other callers' whole calls
         c = i % 4
         (tmp_path / "f" / f"c{c}").mkdir(parents=True, exist_ok=True)
-        Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(tmp_path / "f" / f"c{c}" / f"{i}.png")
+        (tmp_path / "f" / f"c{c}" / f"{i}.png").write_bytes(png.getvalue())
     d = Daemon(tmp_path, "")
-    code = ("import larder.torch as lt; "
-            f"ds = lt.ImageFolder({str(tmp_path / 'f')!r}, 8, address={d.unix!r}); "
-            "print(ds.dataset)")
+    names, errors, start = [], [], threading.Barrier(3)
+
+    def rank():
+        try:
+            start.wait()
+            names.append(larder_torch.ImageFolder(str(tmp_path / "f"), 8, address=d.unix).dataset)
+        except Exception as e:  # handed to the test
+            errors.append(e)
+
     try:
-        procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(3)]
-        outs = [p.communicate(timeout=180) + (p.returncode,) for p in procs]
+        ranks = [threading.Thread(target=rank) for _ in range(3)]
+        for t in ranks:
+            t.start()
+        for t in ranks:
+            t.join(180)
     finally:
         d.stop()
-    assert all(rc == 0 for _, _, rc in outs), [e[-800:] for _, e, _ in outs]
-    assert len({o.strip() for o, _, _ in outs}) == 1, outs
+    assert not errors, errors
+    assert len(names) == 3 and len(set(names)) == 1, names
 
 
 def test_image_folder_by_path_is_added_once_and_streams_both_recipes(tmp_path):
@@ -612,39 +668,30 @@ def test_ported_datasets_and_dataloader_serve_the_script_its_own_recipe(tmp_path
         d.stop()
 
 
-def test_larder_torch_needs_no_torchvision():
+def test_larder_torch_needs_no_torchvision(fresh_processes):
     """Without torchvision, larder.torch and its DataLoader still work for other datasets;
     torchvision's names say what is missing."""
-    code = (
-        "import sys; sys.modules['torchvision'] = None\n"
-        "import larder.torch as lt\n"
-        "from larder.torch import DataLoader, datasets\n"
-        "import larder.torch.datasets\n"
-        "assert next(iter(DataLoader([1, 2, 3], batch_size=2))).tolist() == [1, 2]\n"
-        "try:\n"
-        "    datasets.FakeData\n"
-        "except AttributeError as e:\n"
-        "    assert 'torchvision is not installed' in str(e), e\n"
-        "else:\n"
-        "    raise SystemExit('FakeData without torchvision')\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**__import__("os").environ, "PYTHONPATH": str(REPO / "python")})
-    assert out.returncode == 0, out.stderr[-2000:]
+    returncode, stderr = fresh_processes["no-torchvision"]
+    assert returncode == 0, stderr[-2000:]
+
+
+TIMM_PORT = {ranks: example(ranks, "timm-port", "timm_port.py", "--data-dir", "{out}", "--model", "test_resnet",
+                            "--img-size", 32, "--num-classes", 4, "-b", 8, "--epochs", 2, "--mixup", 0.8,
+                            "--cutmix", 1.0, "--reprob", 0.25,
+                            setup=lambda out: _quadrant_folders(out, {"train": 100, "val": 41}))
+             for ranks in (1, 2) if HAS_TIMM}
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
-def test_timm_train_py_shaped_script_ported_in_one_line(tmp_path, ranks):
+def test_timm_train_py_shaped_script_ported_in_one_line(launched, ranks):
     """A script in the shape of timm's train.py (create_dataset / create_loader with its own
     arguments and defaults: colour jitter 0.4, random interpolation; mixup as FastCollateMixup
     under the prefetcher; random erasing), ported by one added import: whole train batches of
     float images on the device with soft targets, every rank as many val batches (timm's
     per-batch all-reduce), the val images padded to equal shares as timm's own sampler does."""
-    pytest.importorskip("timm")
-    _quadrant_folders(tmp_path, {"train": 100, "val": 41})
-    out = _run_example(tmp_path, ranks, "timm_port.py", "--data-dir", str(tmp_path), "--model", "test_resnet",
-                       "--img-size", "32", "--num-classes", "4", "-b", "8", "--epochs", "2", "--mixup", "0.8",
-                       "--cutmix", "1.0", "--reprob", "0.25", env={"PYTHONPATH": str(REPO / "python")})
+    if not HAS_TIMM:
+        pytest.skip("timm is not installed here")
+    out = succeeded(launched, TIMM_PORT[ranks])
     assert "served bilinear" in out.stderr  # timm's 'random' interpolation, said
     # (torchrun interleaves the ranks' lines: every pattern stops at its own end)
     trained = re.findall(r"rank (\d+) epoch (\d+): train loss (\S+) \((\d+) samples, (\d+) batches of (\d+); "

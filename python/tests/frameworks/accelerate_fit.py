@@ -2,6 +2,8 @@
 defaults. Records the ids each process trains on, per epoch.
 
     torchrun --nproc_per_node 2 accelerate_fit.py ADDRESS OUT --workers K --epochs E [--no-prepare]
+
+The tests run it with others in one process (runs.py), calling main(args).
 """
 
 import sys
@@ -17,11 +19,11 @@ from common import Recorder, arguments, loss, model  # noqa: E402
 from larder.torch import LarderIterableDataset  # noqa: E402
 
 
-def main():
+def main(argv=None):
     p = arguments(__doc__)
     p.add_argument("--no-prepare", action="store_true", help="keep the DataLoader out of prepare()")
     p.add_argument("--dispatch-batches", choices=["default", "false"], default="default")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     config = DataLoaderConfiguration(dispatch_batches=False if a.dispatch_batches == "false" else None)
     accelerator = Accelerator(cpu=True, dataloader_config=config)
     record = Recorder(a.out, accelerator.process_index)

@@ -3,6 +3,8 @@ train_dataloader(). Records the ids each rank trains on, per epoch.
 
     python lightning_fit.py ADDRESS OUT --devices N --workers K --epochs E
         [--stop-after S --ckpt-every C] [--resume CKPT] [--stateful]
+
+The tests run it with others in one process (runs.py), calling main(args).
 """
 
 import sys
@@ -49,14 +51,14 @@ class Data(L.LightningDataModule):
         return DataLoader(self.ds, batch_size=None, num_workers=self.workers)
 
 
-def main():
+def main(argv=None):
     p = arguments(__doc__)
     p.add_argument("--devices", type=int, default=1)
     p.add_argument("--stop-after", type=int)
     p.add_argument("--ckpt-every", type=int)
     p.add_argument("--resume")
     p.add_argument("--stateful", action="store_true")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     callbacks = []
     if a.ckpt_every:
         callbacks.append(L.pytorch.callbacks.ModelCheckpoint(

@@ -4,6 +4,8 @@ after some steps saving each rank's loader state, and resume from it.
 
     torchrun --nproc_per_node 2 torchrun_fit.py ADDRESS OUT --workers K --epochs E
         [--persistent] [--set-epoch] [--stateful] [--stop-after S] [--resume DIR]
+
+The tests run it with others in one process (runs.py), calling main(args).
 """
 
 import pathlib
@@ -19,14 +21,14 @@ from common import Recorder, arguments, loss, model  # noqa: E402
 from larder.torch import LarderIterableDataset  # noqa: E402
 
 
-def main():
+def main(argv=None):
     p = arguments(__doc__, workers=2)
     p.add_argument("--persistent", action="store_true")
     p.add_argument("--set-epoch", action="store_true")
     p.add_argument("--stateful", action="store_true")
     p.add_argument("--stop-after", type=int)
     p.add_argument("--resume")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     record = Recorder(a.out, rank)
