@@ -1,4 +1,5 @@
-"""Fixtures: real HDF5 files and a real larderd process (built by the README's test command)."""
+"""Fixtures: real HDF5 files and real larderd processes (built by the README's test command), and
+the order the tests run in (see `pytest_collection_modifyitems`)."""
 
 import ctypes
 import os
@@ -223,9 +224,10 @@ def daemon(tmp_path, h5_dataset):
 
 @pytest.fixture(scope="session")
 def services(tmp_path_factory):
-    """The daemons the launched runs stream from (see launches.py), for the session: "train"
-    (make_h5's 300 samples), "quad" (write_quadrants' 512, and "quad-513"), and "folders" (no
-    dataset of its own: the runs add theirs by path)."""
+    """{name: Unix address} of the session's daemons, which the launched runs (launches.py) and
+    the tests that only read stream from: "train" (make_h5's 300 samples), "quad"
+    (write_quadrants' 512, and "quad-513"), and "folders" (no dataset of its own: the runs add
+    theirs by path)."""
     train, quad, folders = (tmp_path_factory.mktemp(name) for name in ("train", "quad", "folders"))
     make_h5(train / "train.h5", 300)
     write_quadrants(quad / "quad.h5", 512)

@@ -3,7 +3,7 @@
 starts alike (one Python process, one that starts its own Lightning DDP ranks, or torchrun with
 two ranks) is launched once per session, its runs one after another in one process per rank
 (frameworks/runs.py): Python, torch and the frameworks are imported once per group rather than
-once per run, which was most of each run's time. A test then reads its run's outcome.
+once per run, which is most of a run's time. A test then reads its run's outcome.
 
 Order within a group: a process that has used gRPC cannot fork DataLoader workers safely, so
 the runs whose main process never opens a connection (their DataLoader workers do) come first,

@@ -262,7 +262,11 @@ def fresh_processes(services):
     env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
     procs = {name: subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                     text=True, env=env) for name, code in scripts.items()}
-    return {name: (p.communicate(timeout=120)[1], p.returncode)[::-1] for name, p in procs.items()}
+    out = {}
+    for name, p in procs.items():
+        _, stderr = p.communicate(timeout=120)
+        out[name] = (p.returncode, stderr)
+    return out
 
 
 @pytest.mark.parametrize("workers", [0, 2])
