@@ -1,7 +1,7 @@
 """The torch IterableDataset: DataLoader workers x DDP ranks, exactly once, resume, training."""
 
 import importlib.util
-import pathlib
+import json
 import re
 import subprocess
 import sys
@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
 from conftest import REPO, Daemon, sample_ids  # noqa: E402
-from launches import EXAMPLES, FORKS_THEN_GRPC, PYTHON, TORCHRUN_GROUP, Run  # noqa: E402
+from launches import EXAMPLES, FORKS_THEN_GRPC, FRAMEWORKS, GRPC, NO_GRPC, PYTHON, TORCHRUN_GROUP, Run  # noqa: E402
 import larder.torch as larder_torch  # noqa: E402
 from larder.torch import LarderIterableDataset  # noqa: E402
 
@@ -174,43 +174,19 @@ def test_example_under_torchrun_with_uneven_ranks(launched):
         assert sorted(int(n) for e, n in lines if e == str(epoch)) == [257, 257], out.stdout
 
 
-CONTEXTS = ("fork", "spawn")
+# Two ranks of torchrun's process group, each iterating an epoch with DataLoader workers forked,
+# then spawned.
+DDP_RANKS = TORCHRUN_GROUP.add("ddp-ranks", FRAMEWORKS / "ddp_ranks.py", "{train}", "{out}", call=True,
+                               grpc=NO_GRPC)
 
 
-def _ddp_rank(rank, world, store, address, out_dir):
-    import torch.distributed as dist
-
-    # Built before the process group, as a DataModule would: the rank is resolved when
-    # iteration starts, in forked and in spawned DataLoader workers.
-    datasets = {context: LarderIterableDataset("train", 16, address=address, seed=9) for context in CONTEXTS}
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
-        for context, ds in datasets.items():
-            loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
-            ids = ids_of(loader)
-            assert len(loader) == 10, "len() is this rank's batches"
-            (pathlib.Path(out_dir) / f"{context}-rank{rank}.txt").write_text(" ".join(map(str, ids)))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(scope="module")
-def ddp_shards(services, tmp_path_factory):
-    """{context: each rank's sample ids} of an epoch on 2 ranks of a real process group, with
-    DataLoader workers forked and spawned, the ranks started once for both."""
-    import torch.multiprocessing as mp
-
-    out = tmp_path_factory.mktemp("ddp")
-    # The ranks meet through a file (no port to pick and lose to another process before use).
-    mp.spawn(_ddp_rank, args=(2, str(out / "process-group"), services["train"], str(out)), nprocs=2, join=True)
-    return {context: [list(map(int, (out / f"{context}-rank{r}.txt").read_text().split())) for r in range(2)]
-            for context in CONTEXTS}
-
-
-@pytest.mark.parametrize("context", CONTEXTS)
-def test_ddp_ranks_from_a_real_process_group(ddp_shards, context):
-    shards = ddp_shards[context]
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_ddp_ranks_from_a_real_process_group(launched, context):
+    out = launched(DDP_RANKS)
+    assert out.ok, out.failure()
+    records = [json.loads((DDP_RANKS.out / f"{context}-rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["len"] == 10 for r in records), "len() is this rank's batches"
+    shards = [r["ids"] for r in records]
     assert all(len(s) == 150 for s in shards)
     assert sorted(shards[0] + shards[1]) == list(range(300)), "each sample on exactly one rank"
 
@@ -535,39 +511,24 @@ def test_image_folder_by_path_is_added_once_and_streams_both_recipes(tmp_path):
         d.stop()
 
 
-def test_lightning_callback_logs_each_epochs_input_stats(daemon, caplog):
+# A Lightning fit of 2 epochs with larder.lightning.InputStats() (the loader starts no workers).
+LIGHTNING_CALLBACK = PYTHON.add("lightning-callback", FRAMEWORKS / "lightning_callback.py", "{train}", "{out}",
+                                call=True, grpc=GRPC)
+
+
+def test_lightning_callback_logs_each_epochs_input_stats(launched):
     """`larder.lightning.InputStats()`: at each training epoch's end, the larder dataset under
     the trainer's loader is found, its InputStats logged as one line and as metrics."""
-    L = pytest.importorskip("lightning")
-    import logging
-
-    import larder.lightning
-    import larder.torch
-
-    class Model(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = torch.nn.Linear(2 * 4 * 4, 10)
-
-        def training_step(self, batch, _):
-            images, labels = batch
-            return torch.nn.functional.cross_entropy(self.net(images.float().flatten(1)), labels)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    ds = LarderIterableDataset("train", 16, address=daemon.unix, seed=1)
-    callback = larder.lightning.InputStats()
-    trainer = L.Trainer(max_epochs=2, callbacks=[callback], logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1)
-    with caplog.at_level(logging.INFO, logger="larder"):
-        trainer.fit(Model(), larder.torch.loader(ds, batch_size=16))
-    assert len(callback.last) == 1 and callback.last[0].dataset == "train"
-    assert callback.last[0].batches == 2 * 19, "both epochs' batches, one meter"
-    assert callback.last[0].verdict in ("input-bound", "balanced", "compute-bound", "starting")
-    lines = [r.getMessage() for r in caplog.records if "InputStats(" in r.getMessage()]
+    out = launched(LIGHTNING_CALLBACK)
+    assert out.ok, out.failure()
+    found = json.loads((LIGHTNING_CALLBACK.out / "found.json").read_text())
+    last = found["last"]
+    assert len(last) == 1 and last[0]["dataset"] == "train"
+    assert last[0]["batches"] == 2 * 19, "both epochs' batches, one meter"
+    assert last[0]["verdict"] in ("input-bound", "balanced", "compute-bound", "starting")
+    lines = [line for line in found["lines"] if "InputStats(" in line]
     assert [line.split(",")[0] for line in lines] == ["larder: epoch 0", "larder: epoch 1"], lines
-    assert "larder/wait_ratio" in trainer.callback_metrics and "larder/input_bound" in trainer.callback_metrics
+    assert "larder/wait_ratio" in found["metrics"] and "larder/input_bound" in found["metrics"]
 
 
 def test_torchvision_transforms_are_read_as_larders_pipelines():
