@@ -3,7 +3,8 @@
 starts alike (one Python process, one that starts its own Lightning DDP ranks, or torchrun with
 two ranks) is launched once per session, its runs one after another in one process per rank
 (frameworks/runs.py): Python, torch and the frameworks are imported once per group rather than
-once per run, which is most of a run's time. A test then reads its run's outcome.
+once per run, which is most of a run's time. A test then reads its run's outcome (running one
+test launches its whole group).
 
 Order within a group: a process that has used gRPC cannot fork DataLoader workers safely, so
 the runs whose main process never opens a connection (their DataLoader workers do) come first,
@@ -17,7 +18,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,12 +33,6 @@ NO_GRPC, FORKS_THEN_GRPC, GRPC = 0, 1, 2
 
 # A group that takes longer than this hangs: its processes' stacks are shown and it is killed.
 GROUP_TIMEOUT = 480
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stacks(session: int) -> str:
@@ -88,8 +82,7 @@ class Run:
 
         return {"name": self.name, "script": str(self.script), "args": [fill(a) for a in self.args],
                 "env": {k: fill(v) for k, v in self.env.items()}, "cwd": str(self.out), "call": self.call,
-                "may_fail": self.may_fail, "port": free_port() if self.group.ports else None,
-                "fresh": self.group.ports}
+                "may_fail": self.may_fail, "port": self.group.ports, "fresh": self.group.ports}
 
     def outcome(self) -> Outcome:
         """The run's outcome, once its group has ended."""

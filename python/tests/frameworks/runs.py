@@ -6,14 +6,15 @@ and the frameworks are imported once for all of them, which is most of a script'
     python runs.py PLAN                        (Lightning's DDP starts this again for rank 1)
     torchrun --nproc_per_node 2 runs.py PLAN
 
-PLAN is a JSON list of runs: {"name", "script", "args", "env", "cwd", "port", "call",
-"may_fail"}. A run's output goes to LOGS/NAME/stdout-RANK.txt and stderr-RANK.txt (file
-descriptors 1 and 2, so DataLoader workers, logging and C code land there too), its outcome
-to status-RANK.json. `call`: the script's main(args) is called with sys.argv left alone
-(Lightning starts its DDP ranks again from sys.argv); else the script runs as __main__ with its
-arguments in sys.argv. A run that fails stops this process (under torchrun the other rank would
-wait for it in a collective), unless `may_fail`: then both ranks fail alike, and the next run
-goes on.
+PLAN is JSON: {"logs": LOGS, "runs": [{"name", "script", "args", "env", "cwd", "call",
+"port", "fresh", "may_fail"}, ...]}. A run's output goes to LOGS/NAME/stdout-RANK.txt and
+stderr-RANK.txt (file descriptors 1 and 2, so DataLoader workers, logging and C code land there
+too), its outcome to status-RANK.json. `call`: the script's main(args) is called with sys.argv
+left alone (Lightning starts its DDP ranks again from sys.argv); else the script runs as
+__main__ with its arguments in sys.argv. `port`: a rendezvous port of the run's own. `fresh`:
+Accelerate's process-wide state and a process group left over go first. A run that fails stops
+this process (under torchrun the other rank would wait for it in a collective), unless
+`may_fail`: then both ranks fail alike, and the next run goes on.
 """
 
 import gc
@@ -22,6 +23,7 @@ import json
 import os
 import pathlib
 import runpy
+import socket
 import sys
 import time
 import traceback
@@ -72,12 +74,32 @@ def fresh_frameworks() -> None:
             dist.destroy_process_group()
 
 
+def port(folder: pathlib.Path) -> int:
+    """A free port for the run's rendezvous, picked by rank 0 as the run starts and read by the
+    others from the run's folder."""
+    path = folder / "port"
+    if rank() == "0":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            chosen = s.getsockname()[1]
+        path.with_suffix(".tmp").write_text(str(chosen))
+        path.with_suffix(".tmp").rename(path)
+        return chosen
+    deadline = time.monotonic() + 300
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank 0 gave no port in {path}")
+        time.sleep(0.01)
+    return int(path.read_text())
+
+
 def run(spec: dict, logs: pathlib.Path) -> dict:
     cwd, argv = os.getcwd(), list(sys.argv)
     env = dict(spec.get("env", {}))
+    (logs / spec["name"]).mkdir(parents=True, exist_ok=True)
     if spec.get("port"):
         # A store of the run's own, on rank 0, rather than torchrun's (see the module's text).
-        env.update(MASTER_PORT=str(spec["port"]), TORCHELASTIC_USE_AGENT_STORE="False")
+        env.update(MASTER_PORT=str(port(logs / spec["name"])), TORCHELASTIC_USE_AGENT_STORE="False")
     # The run's variables, put back as they were after it. What the run sets itself stays, as it
     # would in the process: Lightning's LOCAL_RANK says its DDP ranks are started.
     before = {k: os.environ.get(k) for k in env}
