@@ -56,11 +56,11 @@ class InputStats:
     20 s (`window_seconds`, spanning epochs).
 
     `verdict` judges `wait_ratio` by the thresholds the daemon's last answer to the client's
-    report carries (the daemon's defaults: input-bound above 20% waiting, compute-bound under
-    5%, balanced between): "input-bound", "balanced" or "compute-bound"; "starting" before the
-    first answer or before a second of measure; "unknown" where no answer can come, which is
-    over TCP (the daemon takes reports on its Unix socket only) and from a daemon that does
-    not report its thresholds (they read 0.0) or takes no reports.
+    report carries (the daemon keeps them, and judges `larder top`'s verdicts by them too):
+    "input-bound" above the first, "compute-bound" under the second, "balanced" between;
+    "starting" before the first answer or before a second of measure; "unknown" where no
+    answer can come, which is over TCP (the daemon takes reports on its Unix socket only) and
+    from a daemon that does not report its thresholds (they read 0.0) or takes no reports.
 
     The daemon's side of the last report: `cause` (why batches are late: "raw reads",
     "preprocessing", "scratch reads", "delivery"; empty when not waiting), `advice` (the fix
