@@ -15,9 +15,11 @@
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// jemalloc's options, read before `main`: a background thread that gives memory unused for
-/// about 100 ms back to the kernel (madvise), so the daemon holds little it does not account
-/// for. Measured on the bytes path at 3x224x224 against the daemon before jemalloc: decay 0
+/// jemalloc's options, read before `main`: memory unused for about 100 ms goes back to the
+/// kernel (madvise) from a background thread, started by `start_background_thread` once larderd
+/// has forked its launcher and dropped its capabilities (a thread started before `main` would
+/// keep them: capabilities belong to each thread), so the daemon holds little it does not
+/// account for. Measured on the bytes path at 3x224x224 against the daemon before jemalloc: decay 0
 /// 0.74x (a page fault per 4 KiB of every encoded batch again), 200-250 ms 0.98-0.99x, 1 s
 /// 1.06x; against 250 ms, 100 ms is as fast (1.09x, rounds taking turns) and holds about 20
 /// MiB less under the soak (`$_RJEM_MALLOC_CONF` overrides these, e.g. `dirty_decay_ms:250`).
@@ -26,8 +28,22 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// daemon held 10 MiB more).
 #[export_name = "_rjem_malloc_conf"]
 #[allow(non_upper_case_globals)]
-pub static malloc_conf: &[u8; 75] =
-    b"background_thread:true,dirty_decay_ms:100,muzzy_decay_ms:0,tcache_max:4096\0";
+pub static malloc_conf: &[u8; 52] = b"dirty_decay_ms:100,muzzy_decay_ms:0,tcache_max:4096\0";
+
+/// Starts jemalloc's background thread (see `malloc_conf`); false if it did not start.
+pub fn start_background_thread() -> bool {
+    let on = true;
+    // SAFETY: a bool mallctl written from a bool; the name is NUL-ended.
+    unsafe {
+        tikv_jemalloc_sys::mallctl(
+            c"background_thread".as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            (&on as *const bool).cast_mut().cast(),
+            std::mem::size_of::<bool>(),
+        ) == 0
+    }
+}
 
 /// How often the daemon checks the pages the allocator holds freed, and gives them back when
 /// they and the message path pass the path's share of the memory budget. The message path frees

@@ -813,8 +813,29 @@ fn a_users_files_are_parsed_by_a_reader_as_them_and_its_failure_is_theirs_alone(
     assert_eq!(status_of(reader, "NoNewPrivs"), "1");
     let groups = status_of(reader, "Groups");
     assert!(!groups.split_whitespace().any(|g| g == "0"), "{groups}");
-    // No thread of the daemon ever switches to a user any more.
+    // No thread of the daemon ever switches to a user any more, and none holds a capability
+    // (capabilities are each thread's).
     assert!(thread_fs_ids(pid).iter().all(|&(u, _)| u == 0));
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        assert!(
+            status.contains("CapEff:\t0000000000000000"),
+            "thread {:?}: {status}",
+            t.path()
+        );
+    }
+    // The reader holds one socket, its own: nothing of the launcher's or the daemon's.
+    let sockets = std::fs::read_dir(format!("/proc/{reader}/fd"))
+        .unwrap()
+        .flatten()
+        .filter(|f| {
+            std::fs::read_link(f.path()).is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+        })
+        .count();
+    assert_eq!(sockets, 1, "the reader's sockets");
 
     // Alice's reader crashes: her stream ends with an error naming her dataset at once; bob
     // streams on; the daemon is the same process; after the backoff hers serves again.

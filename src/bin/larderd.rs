@@ -37,10 +37,14 @@ fn load(path: &std::path::Path) -> Result<larder::config::Config> {
 fn main() -> Result<()> {
     larder::init_logging("info");
     let args = Args::parse();
-    let config = load(&args.config)?;
-    // Before any thread: the launcher keeps the capabilities to switch users, this process
+    // Before any thread, and before the config is read (a reader, forked from the launcher,
+    // holds nothing of it): the launcher keeps the capabilities to switch users, this process
     // none (see `privsep`).
     let separated = larder::privsep::separate().context("starting the launcher")?;
+    let config = load(&args.config)?;
+    if !larder::alloc::start_background_thread() {
+        tracing::warn!("jemalloc's background thread did not start: freed memory goes back later");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

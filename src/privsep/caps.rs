@@ -83,3 +83,35 @@ pub fn status_line(key: &str) -> Option<String> {
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
         .map(|v| v.trim().to_string())
 }
+
+/// Keeps CAP_SETUID and CAP_SETGID alone (effective and permitted), none inheritable or
+/// ambient: what the launcher needs of whatever the process was started with (root has all).
+pub fn keep_only_user_switching() -> Result<()> {
+    // SAFETY: prctl with integer arguments.
+    unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        )
+    };
+    let mut h = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let keep = (1 << CAP_SETUID) | (1 << CAP_SETGID);
+    let d = [
+        Data {
+            effective: keep,
+            permitted: keep,
+            inheritable: 0,
+        },
+        Data::default(),
+    ];
+    // SAFETY: capset reads two Data structs for version 3.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()) };
+    ensure!(rc == 0, "capset: {}", std::io::Error::last_os_error());
+    Ok(())
+}

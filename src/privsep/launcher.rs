@@ -17,7 +17,12 @@ use std::sync::Mutex;
 
 const SPAWN_READER: u8 = 1;
 const CHECK: u8 = 2;
+const RECOGNIZE: u8 = 3;
 const FAILED: u8 = 255;
+
+/// How long an access check or a kind's recognition may take (a user may stop the child that
+/// runs as them, or a file system may hang): past it the launcher gives up on the child.
+const CHILD_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A user, as the launcher switches to them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +52,7 @@ impl User {
 /// The daemon's end of the launcher.
 pub struct Launcher {
     sock: Mutex<OwnedFd>,
+    next: std::sync::atomic::AtomicU64,
 }
 
 impl Launcher {
@@ -66,20 +72,39 @@ impl Launcher {
                     // Children are reaped by the kernel: the launcher waits for none.
                     libc::signal(libc::SIGCHLD, libc::SIG_IGN);
                 }
+                close_all_but(&[theirs.as_raw_fd()]);
+                if let Err(e) = super::caps::keep_only_user_switching() {
+                    eprintln!("larder launcher: {e:#}");
+                    // SAFETY: ends the launcher without the daemon's exit handlers.
+                    unsafe { libc::_exit(1) }
+                }
                 serve(theirs.as_raw_fd());
                 // SAFETY: ends the launcher without running the daemon's exit handlers.
                 unsafe { libc::_exit(0) }
             }
             _ => Ok(Launcher {
                 sock: Mutex::new(ours),
+                next: std::sync::atomic::AtomicU64::new(1),
             }),
         }
     }
 
     fn call(&self, kind: u8, payload: &[u8], fd: Option<RawFd>) -> Result<wire::Message> {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
-        wire::send(sock.as_raw_fd(), kind, 0, payload, fd)?;
-        let answer = wire::recv(sock.as_raw_fd())?.context("the launcher has ended")?;
+        wire::send(sock.as_raw_fd(), kind, id, payload, fd)?;
+        let answer = match wire::recv(sock.as_raw_fd()) {
+            Ok(Some(answer)) if answer.id == id => answer,
+            // The launcher gone, or an answer to another request: the daemon cannot vouch for
+            // any check from here on; it ends, and its service manager starts it again.
+            other => {
+                tracing::error!(
+                    "the launcher has ended or answers out of turn ({:?}): stopping",
+                    other.map(|m| m.map(|m| (m.kind, m.id)))
+                );
+                std::process::exit(70);
+            }
+        };
         if answer.kind == FAILED {
             bail!("{}", String::from_utf8_lossy(&answer.payload));
         }
@@ -94,6 +119,16 @@ impl Launcher {
         self.call(SPAWN_READER, &w.0, None)?
             .fd
             .context("the launcher sent no reader socket")
+    }
+
+    /// The kind of source `path` is, looked at as `user`.
+    pub fn recognize(&self, user: &User, path: &std::path::Path) -> Result<String> {
+        use std::os::unix::ffi::OsStrExt;
+        let mut w = Writer::default();
+        user.write(&mut w);
+        w.bytes(path.as_os_str().as_bytes());
+        let answer = self.call(RECOGNIZE, &w.0, None)?;
+        Ok(String::from_utf8_lossy(&answer.payload).into_owned())
     }
 
     /// Whether `user` may read every one of `files`: None if so, else the first that they may
@@ -124,6 +159,7 @@ fn serve(sock: RawFd) {
         let answer = match message.kind {
             SPAWN_READER => spawn_reader(&message).map(|fd| (Vec::new(), Some(fd))),
             CHECK => check(&message).map(|why| (why.into_bytes(), None)),
+            RECOGNIZE => recognize(&message).map(|kind| (kind.into_bytes(), None)),
             k => Err(anyhow::anyhow!("unknown request {k}")),
         };
         let sent = match answer {
@@ -168,7 +204,133 @@ fn become_user(user: &User) -> Result<()> {
             "the switch did not hold"
         );
     }
-    super::caps::drop_all()
+    super::caps::drop_all()?;
+    // The parent-death signal is cleared by the switch: set it now, and end at once if the
+    // launcher has gone meanwhile.
+    let parent = std::os::unix::process::parent_id();
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    ensure!(
+        std::os::unix::process::parent_id() == parent && parent != 1,
+        "the launcher has ended"
+    );
+    Ok(())
+}
+
+/// Closes every descriptor of this process but 0, 1, 2 and `keep`: a child of the launcher
+/// holds nothing of the launcher's or the daemon's.
+fn close_all_but(keep: &[RawFd]) {
+    let mut keep: Vec<u32> = keep.iter().map(|&f| f as u32).filter(|&f| f > 2).collect();
+    keep.sort_unstable();
+    let mut from = 3u32;
+    for k in keep.iter().copied().chain([u32::MAX]) {
+        if k > from {
+            let to = k.saturating_sub(1).max(from);
+            // SAFETY: close_range closes descriptors, no memory is touched.
+            let rc = unsafe { libc::syscall(libc::SYS_close_range, from, to, 0) };
+            if rc != 0 {
+                // Kernels before 5.9: one by one, as far as the descriptor limit goes.
+                for fd in from..to.min(1 << 20) {
+                    // SAFETY: closing a descriptor number this process may not even hold.
+                    unsafe { libc::close(fd as RawFd) };
+                }
+            }
+        }
+        from = k.saturating_add(1);
+    }
+}
+
+/// Reads a child's answer from `read_end` until it closes, for at most CHILD_WITHIN.
+fn answer_within(read_end: OwnedFd, what: &str) -> Result<String> {
+    let deadline = std::time::Instant::now() + CHILD_WITHIN;
+    let mut out = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        ensure!(
+            !left.is_zero(),
+            "the {what} did not answer within {} s",
+            CHILD_WITHIN.as_secs()
+        );
+        let mut p = libc::pollfd {
+            fd: read_end.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, left.as_millis().max(1) as i32) };
+        if n <= 0 {
+            continue;
+        }
+        let mut buf = [0u8; 4096];
+        // SAFETY: reads into `buf`.
+        let got = unsafe { libc::read(read_end.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if got <= 0 {
+            return Ok(String::from_utf8_lossy(&out).into_owned());
+        }
+        out.extend_from_slice(&buf[..got as usize]);
+        ensure!(out.len() <= 1 << 16, "the {what} answered too much");
+    }
+}
+
+/// Runs `f` in a child switched to `user`, its answer (text) read back within CHILD_WITHIN.
+fn as_child(user: &User, what: &str, keep: &[RawFd], f: impl FnOnce() -> String) -> Result<String> {
+    let mut pipe = [0 as RawFd; 2];
+    // SAFETY: pipe2 writes two descriptors.
+    ensure!(
+        unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } == 0,
+        "pipe: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: both are new descriptors, ours.
+    let (read_end, write_end): (OwnedFd, OwnedFd) = unsafe {
+        use std::os::fd::FromRawFd;
+        (OwnedFd::from_raw_fd(pipe[0]), OwnedFd::from_raw_fd(pipe[1]))
+    };
+    // SAFETY: the launcher is single-threaded.
+    match unsafe { libc::fork() } {
+        -1 => bail!("fork: {}", std::io::Error::last_os_error()),
+        0 => {
+            drop(read_end);
+            let mut keep = keep.to_vec();
+            keep.push(write_end.as_raw_fd());
+            close_all_but(&keep);
+            let text = match become_user(user) {
+                Ok(()) => f(),
+                Err(e) => format!("0the {what} could not run as uid {}: {e:#}", user.uid),
+            };
+            let file = std::fs::File::from(write_end);
+            let _ = std::io::Write::write_all(&mut &file, text.as_bytes());
+            // SAFETY: ends the child without the daemon's exit handlers.
+            unsafe { libc::_exit(0) }
+        }
+        _ => {
+            drop(write_end);
+            answer_within(read_end, what)
+        }
+    }
+}
+
+/// The kind of source the request's path is, recognised as its user.
+fn recognize(m: &wire::Message) -> Result<String> {
+    let mut r = Reader::new(&m.payload);
+    let user = User::read(&mut r)?;
+    let path =
+        PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(r.bytes()?));
+    r.end()?;
+    let text = as_child(
+        &user,
+        "recognition of a path",
+        &[],
+        || match crate::source::recognize(&path) {
+            Ok(f) => format!("1{}", f.name()),
+            Err(e) => format!("0{e:#}"),
+        },
+    )?;
+    match text.split_at_checked(1) {
+        Some(("1", kind)) => Ok(kind.to_string()),
+        Some(("0", why)) => bail!("{why}"),
+        _ => bail!("the recognition of a path ended without an answer"),
+    }
 }
 
 /// Forks a reader as the request's user; returns the daemon's end of its socket.
@@ -183,8 +345,7 @@ fn spawn_reader(m: &wire::Message) -> Result<OwnedFd> {
         -1 => bail!("fork: {}", std::io::Error::last_os_error()),
         0 => {
             drop(daemon_end);
-            // SAFETY: prctl with integer arguments.
-            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+            close_all_but(&[reader_end.as_raw_fd()]);
             let code = match become_user(&user) {
                 Ok(()) => {
                     super::reader::serve(reader_end);
@@ -209,55 +370,26 @@ fn check(m: &wire::Message) -> Result<String> {
     let user = User::read(&mut r)?;
     r.end()?;
     let list = m.fd.as_ref().context("no file list")?;
-    let mut pipe = [0 as RawFd; 2];
-    // SAFETY: pipe2 writes two descriptors.
-    ensure!(
-        unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } == 0,
-        "pipe: {}",
-        std::io::Error::last_os_error()
-    );
-    // SAFETY: both are new descriptors, ours.
-    let (read_end, write_end): (OwnedFd, OwnedFd) = unsafe {
-        use std::os::fd::FromRawFd;
-        (OwnedFd::from_raw_fd(pipe[0]), OwnedFd::from_raw_fd(pipe[1]))
-    };
-    // SAFETY: the launcher is single-threaded.
-    match unsafe { libc::fork() } {
-        -1 => bail!("fork: {}", std::io::Error::last_os_error()),
-        0 => {
-            drop(read_end);
-            // "1": readable; "0" and why not. Nothing at all: the check died.
-            let answer = (|| -> Result<Option<String>> {
-                become_user(&user)?;
-                let list = wire::read_sealed(list, 1 << 32)?;
-                let files: Vec<PathBuf> = list
-                    .split(|&b| b == 0)
-                    .filter(|p| !p.is_empty())
-                    .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes_helper(p)))
-                    .collect();
-                Ok(crate::access::first_unreadable_text(&files))
-            })();
-            let text = match answer {
-                Ok(None) => "1".to_string(),
-                Ok(Some(why)) => format!("0{why}"),
-                Err(e) => format!("0the check could not run as uid {}: {e:#}", user.uid),
-            };
-            let file = std::fs::File::from(write_end);
-            let _ = std::io::Write::write_all(&mut &file, text.as_bytes());
-            // SAFETY: ends the child without the daemon's exit handlers.
-            unsafe { libc::_exit(0) }
+    // "1": readable; "0" and why not. Nothing at all: the check died.
+    let text = as_child(&user, "access check", &[list.as_raw_fd()], || {
+        let answer = wire::read_sealed(list, 1 << 30).map(|list| {
+            let files: Vec<PathBuf> = list
+                .split(|&b| b == 0)
+                .filter(|p| !p.is_empty())
+                .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes_helper(p)))
+                .collect();
+            crate::access::first_unreadable_text(&files)
+        });
+        match answer {
+            Ok(None) => "1".to_string(),
+            Ok(Some(why)) => format!("0{why}"),
+            Err(e) => format!("0the check could not read its file list: {e:#}"),
         }
-        _ => {
-            drop(write_end);
-            let mut text = String::new();
-            std::io::Read::read_to_string(&mut std::fs::File::from(read_end), &mut text)
-                .context("reading the check's answer")?;
-            match text.split_at_checked(1) {
-                Some(("1", "")) => Ok(String::new()),
-                Some(("0", why)) if !why.is_empty() => Ok(why.to_string()),
-                _ => bail!("the access check ended without an answer"),
-            }
-        }
+    })?;
+    match text.split_at_checked(1) {
+        Some(("1", "")) => Ok(String::new()),
+        Some(("0", why)) if !why.is_empty() => Ok(why.to_string()),
+        _ => bail!("the access check ended without an answer"),
     }
 }
 

@@ -38,6 +38,13 @@ pub fn separate() -> anyhow::Result<bool> {
     if !caps::can_switch_users() {
         return Ok(false);
     }
+    // Capabilities are each thread's: a thread started before this one drops them would keep
+    // them (and a fork beside it could inherit a lock it holds).
+    let threads = std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count());
+    anyhow::ensure!(
+        threads == 1,
+        "{threads} threads before the launcher is forked; larderd must start it first"
+    );
     let _ = LAUNCHER.set(launcher::Launcher::start()?);
     crate::access::set_checker(Box::new(|id, files| {
         let user = launcher::User {

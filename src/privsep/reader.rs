@@ -9,7 +9,6 @@
 //!   files of its access check and each sample's bytes on disk in a memfd.
 //! - `LOAD`: start, count. Answer: per sample its record (offset and length in a memfd) or why
 //!   not (a bad sample, or files that changed), and the raw bytes read.
-//! - `CHANGED`: why its files no longer read as opened, if they do not.
 //!
 //! Every answer is checked by the daemon (`remote`) before anything of it is used.
 
@@ -23,7 +22,6 @@ use std::sync::{Arc, Mutex};
 
 pub const OPEN: u8 = 1;
 pub const LOAD: u8 = 2;
-pub const CHANGED: u8 = 3;
 pub const FAILED: u8 = 255;
 
 /// A sample's outcome in a `LOAD` answer.
@@ -72,13 +70,6 @@ pub fn serve(sock: OwnedFd) {
             LOAD => {
                 let _ = tx.send(m);
             }
-            CHANGED => answer(fd, &m, || {
-                let ds = open.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                let why = ds.and_then(|d| d.opened.source.changed());
-                let mut w = Writer::default();
-                w.u8(why.is_some() as u8).str(why.as_deref().unwrap_or(""));
-                Ok((w.0, None))
-            }),
             _ => answer(fd, &m, || bail!("unknown request {}", m.kind)),
         }
     }
@@ -220,12 +211,19 @@ pub fn read_schema(r: &mut wire::Reader) -> Result<Schema> {
         let shape = (0..dims)
             .map(|_| Ok(if r.u8()? == 1 { Some(r.u32()?) } else { None }))
             .collect::<Result<Vec<_>>>()?;
+        anyhow::ensure!(
+            shape.iter().flatten().all(|&d| d <= 1 << 24),
+            "field {name:?}: a dim over 2^24"
+        );
         let mut spec = FieldSpec::new(&name, dtype, shape);
         if r.u8()? == 1 {
-            spec.pair = Some(Pairing {
-                with: r.str()?.to_string(),
-                scale: r.u32()?,
-            });
+            let with = r.str()?.to_string();
+            let scale = r.u32()?;
+            anyhow::ensure!(
+                (1..=64).contains(&scale),
+                "field {name:?}: a pair scale of {scale}"
+            );
+            spec.pair = Some(Pairing { with, scale });
         }
         spec.resample = match r.str()? {
             "nearest" => Resample::Nearest,

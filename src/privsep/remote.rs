@@ -10,7 +10,7 @@
 //! The daemon and every other dataset go on.
 
 use super::launcher::{Launcher, User};
-use super::reader::{self, CHANGED, FAILED, LOAD, OPEN, SAMPLE_BAD, SAMPLE_CHANGED, SAMPLE_OK};
+use super::reader::{self, FAILED, LOAD, OPEN, SAMPLE_BAD, SAMPLE_CHANGED, SAMPLE_OK};
 use super::wire::{self, Writer};
 use crate::config::{DatasetConfig, Limits};
 use crate::error::{Error, Kind};
@@ -25,8 +25,14 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long a reader has to answer a request before it is taken for hung.
+/// How long a reader has to answer a request before it is taken for hung, and how much longer
+/// for each sample of it.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(8);
+const PER_SAMPLE: Duration = Duration::from_millis(50);
+/// The most bytes of records one answer may hold (a granule's).
+const MOST_ANSWER_BYTES: u64 = 256 << 20;
+/// The most bytes of what a dataset is (sizes and file names).
+const MOST_META_BYTES: u64 = 1 << 30;
 /// How long opening a dataset may take (a large folder is walked).
 pub const OPEN_WITHIN: Duration = Duration::from_secs(600);
 /// Restarts after failures in a row wait this long, doubling, up to `MOST_BACKOFF`.
@@ -195,6 +201,8 @@ pub struct RemoteSource {
     files: Arc<[PathBuf]>,
     max_sample_bytes: u64,
     state: Mutex<State>,
+    /// Why its files no longer read as they did when it was opened, once a reader said so.
+    changed: Mutex<Option<String>>,
 }
 
 /// The reader serving now, and the failures in a row before it.
@@ -202,6 +210,15 @@ struct State {
     reader: Option<Arc<Connection>>,
     failures: u32,
     retry_at: Option<Instant>,
+    /// A reader is being started (outside the lock); requests meanwhile are told so.
+    restarting: bool,
+}
+
+/// How long to wait before starting a reader again after `failures` failures in a row.
+fn backoff(failures: u32) -> Duration {
+    FIRST_BACKOFF
+        .saturating_mul(1 << failures.clamp(1, 6).saturating_sub(1))
+        .min(MOST_BACKOFF)
 }
 
 /// Opens dataset `c` (a user's) in a reader running as `user`.
@@ -245,7 +262,9 @@ fn from_reader(
             reader: Some(reader),
             failures: 0,
             retry_at: None,
+            restarting: false,
         }),
+        changed: Mutex::default(),
     };
     Ok(Opened {
         source: Box::new(source),
@@ -285,18 +304,20 @@ fn open_in(
         "a granule of {}",
         meta.granule
     );
+    ensure!(meta.len <= 1 << 32, "{} samples", meta.len);
     if let Some(bytes) = meta.schema.fixed_record_bytes() {
         ensure!(bytes <= limits.max_sample_bytes, "samples of {bytes} bytes");
     }
-    let bulk = wire::read_sealed(m.fd.as_ref().context("no metadata")?, 1 << 34)?;
+    let bulk = wire::read_sealed(m.fd.as_ref().context("no metadata")?, MOST_META_BYTES)?;
     let sizes_end = meta
         .len
         .checked_mul(8)
         .filter(|&n| n <= bulk.len() as u64)
         .context("sizes past the metadata's end")? as usize;
+    // A sample's bytes on disk weigh its place in the memory tier: at most a sample's limit.
     let sizes = bulk[..sizes_end]
         .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()).min(limits.max_sample_bytes))
         .collect();
     let files = bulk[sizes_end..]
         .split(|&b| b == 0)
@@ -307,7 +328,8 @@ fn open_in(
 }
 
 impl RemoteSource {
-    /// The reader serving now, started (again) if there is none and the backoff allows.
+    /// The reader serving now, started (again) if there is none and the backoff allows. The
+    /// start runs outside the lock: requests meanwhile are told the reader is starting.
     fn reader(&self) -> Result<Arc<Connection>> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(r) = &state.reader {
@@ -316,14 +338,15 @@ impl RemoteSource {
                 Some(why) => {
                     state.reader = None;
                     state.failures += 1;
-                    let wait = FIRST_BACKOFF
-                        .saturating_mul(1 << state.failures.min(6).saturating_sub(1))
-                        .min(MOST_BACKOFF);
+                    let wait = backoff(state.failures);
                     state.retry_at = Some(Instant::now() + wait);
                     tracing::warn!(dataset = %self.name, uid = self.user.uid, "reader failed: {why}; started again in {} s at the earliest", wait.as_secs());
                     return Err(self.unavailable(&why));
                 }
             }
+        }
+        if state.restarting {
+            return Err(self.unavailable("its reader is being started again"));
         }
         if let Some(at) = state.retry_at.filter(|at| Instant::now() < *at) {
             let left = at.saturating_duration_since(Instant::now()).as_secs() + 1;
@@ -331,28 +354,39 @@ impl RemoteSource {
                 "its reader failed; it is started again in {left} s"
             )));
         }
+        let launcher = self
+            .launcher
+            .ok_or_else(|| self.unavailable("its reader failed, and none is started again here"))?;
+        state.restarting = true;
+        drop(state);
         let limits = Limits {
             max_sample_bytes: self.max_sample_bytes,
             ..Limits::default()
         };
-        let launcher = self
-            .launcher
-            .ok_or_else(|| self.unavailable("its reader failed, and none is started again here"))?;
         let started = Connection::start(launcher, &self.user)
             .and_then(|r| open_in(&r, &self.open_request, &limits).map(|m| (r, m)));
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.restarting = false;
+        let failed = |state: &mut State| {
+            state.failures += 1;
+            state.retry_at = Some(Instant::now() + backoff(state.failures));
+        };
         match started {
             Ok((r, (meta, _, _))) if meta == self.meta => {
                 state.reader = Some(r.clone());
                 Ok(r)
             }
-            Ok(_) => Err(Error::new(
-                Kind::Changed,
-                format!("dataset {:?} changed since it was opened (its reader, started again, finds other data); it is opened again", self.name),
-            )
-            .into()),
+            Ok(_) => {
+                failed(&mut state);
+                let why = format!(
+                    "dataset {:?} changed since it was opened (its reader, started again, finds other data); it is opened again",
+                    self.name
+                );
+                *self.changed.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
+                Err(Error::new(Kind::Changed, why).into())
+            }
             Err(e) => {
-                state.failures += 1;
-                state.retry_at = Some(Instant::now() + MOST_BACKOFF.min(FIRST_BACKOFF * (1 << state.failures.min(5))));
+                failed(&mut state);
                 Err(self.unavailable(&format!("its reader does not start: {e:#}")))
             }
         }
@@ -368,10 +402,11 @@ impl RemoteSource {
 
     /// The records of a `LOAD` answer, each checked against the schema and the limit.
     fn records(&self, m: &wire::Message, count: u64) -> Result<(Vec<Result<Vec<u8>>>, u64)> {
-        let bytes = wire::read_sealed(
-            m.fd.as_ref().context("no records")?,
-            count.saturating_mul(self.max_sample_bytes),
-        )?;
+        let most = count
+            .saturating_mul(self.max_sample_bytes)
+            .min(MOST_ANSWER_BYTES);
+        let map = wire::map_sealed(m.fd.as_ref().context("no records")?, most)?;
+        let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
         let mut r = wire::Reader::new(&m.payload);
         let raw_bytes = r.u64()?;
         let n = r.u32()? as u64;
@@ -395,7 +430,9 @@ impl RemoteSource {
                 }
                 SAMPLE_BAD => out.push(Err(anyhow!("{}", r.str()?))),
                 SAMPLE_CHANGED => {
-                    out.push(Err(Error::new(Kind::Changed, r.str()?.to_string()).into()))
+                    let why = r.str()?.to_string();
+                    *self.changed.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
+                    out.push(Err(Error::new(Kind::Changed, why).into()))
                 }
                 k => bail!("a sample outcome {k}"),
             }
@@ -415,12 +452,21 @@ impl Prepared for RemoteSource {
         let reader = self.reader()?;
         let mut w = Writer::default();
         w.u64(start).u64(count);
-        match reader.call(LOAD, &w.0, ANSWER_WITHIN) {
-            Ok(m) => self.records(&m, count).map_err(|e| {
-                reader.fail(&format!("the reader's answer does not hold: {e:#}"));
-                self.unavailable(&format!("its reader sent what does not hold ({e:#})"))
-            }),
-            Err(Ok(why)) => bail!("{why}"),
+        let within = ANSWER_WITHIN + PER_SAMPLE * count.min(1 << 16) as u32;
+        match reader.call(LOAD, &w.0, within) {
+            Ok(m) => {
+                let records = self.records(&m, count).map_err(|e| {
+                    reader.fail(&format!("the reader's answer does not hold: {e:#}"));
+                    self.unavailable(&format!("its reader sent what does not hold ({e:#})"))
+                })?;
+                self.state
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .failures = 0;
+                Ok(records)
+            }
+            // The reader's own failure to answer: the stream ends, no sample is to blame.
+            Err(Ok(why)) => Err(self.unavailable(&format!("its reader failed a read: {why}"))),
             Err(Err(why)) => {
                 // Seen at the next request, which starts the reader again after the backoff.
                 Err(self.unavailable(&why))
@@ -467,13 +513,21 @@ impl Provenance for RemoteSource {
         self.meta.version.clone()
     }
 
+    /// What a reader found changed, or the owner's groups changed (one taken out of a group
+    /// reads no more through larder than they could themselves: the dataset is opened again,
+    /// in a reader with their groups as they are). Never waits on a reader.
     fn changed(&self) -> Option<String> {
-        let reader = self.reader().ok()?;
-        let m = reader.call(CHANGED, &[], ANSWER_WITHIN).ok()?;
-        let mut r = wire::Reader::new(&m.payload);
-        let changed = r.u8().ok()? == 1;
-        let why = r.str().ok()?.to_string();
-        changed.then_some(why)
+        let now = crate::access::Identity::of_user_primary(self.user.uid);
+        if (now.gid, &now.groups) != (self.user.gid, &self.user.groups) {
+            return Some(format!(
+                "the groups of its owner (uid {}) changed",
+                self.user.uid
+            ));
+        }
+        self.changed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn files(&self) -> Arc<[PathBuf]> {

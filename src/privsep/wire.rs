@@ -21,6 +21,10 @@ pub struct Message {
     pub fd: Option<OwnedFd>,
 }
 
+/// Room for one control message, aligned as `cmsghdr` is.
+#[repr(C, align(8))]
+struct Control([u8; 64]);
+
 /// Sends a message on `sock` (a SOCK_SEQPACKET socket), with `fd` if given.
 pub fn send(sock: RawFd, kind: u8, id: u64, payload: &[u8], fd: Option<RawFd>) -> Result<()> {
     ensure!(
@@ -32,7 +36,8 @@ pub fn send(sock: RawFd, kind: u8, id: u64, payload: &[u8], fd: Option<RawFd>) -
     head[0] = kind;
     head[1..9].copy_from_slice(&id.to_le_bytes());
     let iov = [IoSlice::new(&head), IoSlice::new(payload)];
-    let mut space = [0u8; 64];
+    let mut space = Control([0u8; 64]);
+    let space = &mut space.0;
     // SAFETY: msghdr is plain data; its pointers point at `iov` and `space`, alive for the call.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
@@ -67,7 +72,8 @@ pub fn send(sock: RawFd, kind: u8, id: u64, payload: &[u8], fd: Option<RawFd>) -
 /// Receives a message from `sock`; Ok(None) when the other end has closed.
 pub fn recv(sock: RawFd) -> Result<Option<Message>> {
     let mut buf = vec![0u8; MAX_MESSAGE];
-    let mut space = [0u8; 64];
+    let mut space = Control([0u8; 64]);
+    let space = &mut space.0;
     let mut iov = [IoSliceMut::new(&mut buf)];
     // SAFETY: as in `send`.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -239,6 +245,30 @@ pub fn sealed_memfd(name: &str, data: &[u8]) -> Result<OwnedFd> {
         std::io::Error::last_os_error()
     );
     Ok(file.into())
+}
+
+/// A memfd another process sent, mapped read-only, if it is sealed as `sealed_memfd` seals (its
+/// sender can no longer change, grow or shrink it) and holds at most `max` bytes. Only the
+/// pages read are touched: a large sparse memfd costs nothing until read.
+pub fn map_sealed(fd: &OwnedFd, max: u64) -> Result<Option<memmap2::Mmap>> {
+    // SAFETY: fcntl on a descriptor we own.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    let want = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+    ensure!(
+        seals >= 0 && seals & want == want,
+        "a memfd that is not sealed"
+    );
+    let file = std::fs::File::from(fd.try_clone()?);
+    let len = file.metadata()?.len();
+    ensure!(
+        len <= max,
+        "a memfd of {len} bytes, over the {max} expected"
+    );
+    if len == 0 {
+        return Ok(None);
+    }
+    // SAFETY: sealed against writes and size changes: the mapping's bytes and length hold.
+    Ok(Some(unsafe { memmap2::Mmap::map(&file)? }))
 }
 
 /// The bytes of a memfd another process sent, if it is sealed as `sealed_memfd` seals: its

@@ -604,12 +604,26 @@ impl Larder for Service {
             )));
         }
         // Looked at as the caller: a path they cannot see names no kind for them.
-        let uid = (id.uid != 0).then_some(id.uid);
-        let found = tokio::task::spawn_blocking(move || crate::source::recognize_as(uid, &path))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?;
+        let id = id.clone();
+        let found = tokio::task::spawn_blocking(move || {
+            let me = unsafe { libc::geteuid() };
+            match crate::privsep::launcher() {
+                Some(l) if id.uid != 0 && id.uid != me => {
+                    let user = crate::privsep::launcher::User {
+                        uid: id.uid,
+                        gid: id.gid,
+                        groups: id.groups.clone(),
+                    };
+                    l.recognize(&user, &path)
+                }
+                _ => crate::source::recognize_as((id.uid != 0).then_some(id.uid), &path)
+                    .map(str::to_string),
+            }
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
         let (kind, reason) = match found {
-            Ok(kind) => (kind.to_string(), String::new()),
+            Ok(kind) => (kind, String::new()),
             Err(e) => (String::new(), format!("{e:#}")),
         };
         Ok(Response::new(SourceKindResponse {
