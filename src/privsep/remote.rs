@@ -66,11 +66,14 @@ impl Connection {
             dead: Mutex::default(),
         });
         let weak = Arc::downgrade(&c);
-        let fd = c.sock.as_raw_fd();
+        // The thread reads through a descriptor of its own: the connection's may be closed
+        // (and its number reused by another socket) while the thread still waits on it; a
+        // shutdown of either ends the wait.
+        let own = c.sock.try_clone().context("a reader's socket")?;
         std::thread::Builder::new()
             .name("larder-reader-answers".into())
             .spawn(move || loop {
-                let got = wire::recv(fd);
+                let got = wire::recv(own.as_raw_fd());
                 let Some(c) = weak.upgrade() else { return };
                 let m = match got {
                     Ok(Some(m)) => m,
