@@ -7,8 +7,9 @@
 //! Requests (kind, then payload), each answered under the same id:
 //! - `OPEN`: the dataset's table and the limits, as TOML. Answer: what it is (`Meta`), the
 //!   files of its access check and each sample's bytes on disk in a memfd.
-//! - `LOAD`: start, count. Answer: per sample its record (offset and length in a memfd) or why
-//!   not (a bad sample, or files that changed), and the raw bytes read.
+//! - `LOAD`: start, count. Answer: per sample its record (offset and length) or why not (a bad
+//!   sample, or files that changed), and the raw bytes read; the records follow the table in
+//!   the message when they fit, else they are in a memfd beside it.
 //!
 //! Every answer is checked by the daemon (`remote`) before anything of it is used.
 
@@ -24,6 +25,10 @@ pub const OPEN: u8 = 1;
 pub const LOAD: u8 = 2;
 pub const FAILED: u8 = 255;
 
+/// The most bytes of an answer sent in the message itself (a SOCK_SEQPACKET message must fit
+/// the socket's send buffer, about 208 KiB by default).
+const INLINE_MAX: usize = 128 << 10;
+
 /// A sample's outcome in a `LOAD` answer.
 pub const SAMPLE_OK: u8 = 0;
 pub const SAMPLE_BAD: u8 = 1;
@@ -38,49 +43,46 @@ struct Open {
     limits: Limits,
 }
 
-/// The reader's loop: requests from `sock` until the daemon closes it. `LOAD`s run on a few
-/// threads (a cold epoch decodes on every core the daemon's pool has); the process ends when
-/// the socket closes, whatever its threads are doing.
+/// The reader's loop: requests from `sock` until the daemon closes it, taken by a few threads
+/// at once (a SOCK_SEQPACKET socket hands each message whole to one of them), so a cold epoch
+/// decodes on every core the daemon's pool has. The process ends when the socket closes,
+/// whatever its threads are doing.
 pub fn serve(sock: OwnedFd) {
     let fd = sock.as_raw_fd();
     let open: Arc<Mutex<Option<Arc<Open>>>> = Arc::default();
-    let (tx, rx) = std::sync::mpsc::channel::<wire::Message>();
-    let rx = Arc::new(Mutex::new(rx));
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(16));
-    for _ in 0..threads {
-        let (rx, open) = (rx.clone(), open.clone());
-        std::thread::spawn(move || loop {
-            let Ok(m) = rx.lock().unwrap_or_else(|e| e.into_inner()).recv() else {
-                return;
-            };
-            let ds = open.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            answer(fd, &m, || match &ds {
-                Some(ds) => load(ds, &m),
-                None => bail!("no dataset is open"),
-            });
-        });
-    }
-    while let Ok(Some(m)) = wire::recv(fd) {
-        match m.kind {
-            OPEN => answer(fd, &m, || {
-                let (ds, answer) = open_dataset(&m)?;
-                *open.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(ds));
-                Ok(answer)
-            }),
-            LOAD => {
-                let _ = tx.send(m);
+    let work = move |open: Arc<Mutex<Option<Arc<Open>>>>| {
+        while let Ok(Some(m)) = wire::recv(fd) {
+            match m.kind {
+                OPEN => answer(fd, &m, || {
+                    let (ds, answer) = open_dataset(&m)?;
+                    *open.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(ds));
+                    Ok(answer)
+                }),
+                LOAD => {
+                    let ds = open.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    answer(fd, &m, || match &ds {
+                        Some(ds) => load(ds, &m),
+                        None => bail!("no dataset is open"),
+                    })
+                }
+                _ => answer(fd, &m, || bail!("unknown request {}", m.kind)),
             }
-            _ => answer(fd, &m, || bail!("unknown request {}", m.kind)),
         }
+        // SAFETY: ends the reader (and its threads) without the daemon's exit handlers.
+        unsafe { libc::_exit(0) }
+    };
+    for _ in 1..threads {
+        let open = open.clone();
+        std::thread::spawn(move || work(open));
     }
+    work(open);
     drop(sock);
-    // SAFETY: ends the reader (and its threads) without the daemon's exit handlers.
-    unsafe { libc::_exit(0) }
 }
 
 /// Sends what `f` gives as the answer to `m`, or its error.
 fn answer(fd: RawFd, m: &wire::Message, f: impl FnOnce() -> Result<Answer>) {
-    let _ = match f() {
+    let sent = match f() {
         Ok((payload, memfd)) => wire::send(
             fd,
             m.kind,
@@ -90,6 +92,15 @@ fn answer(fd: RawFd, m: &wire::Message, f: impl FnOnce() -> Result<Answer>) {
         ),
         Err(e) => wire::send(fd, FAILED, m.id, format!("{e:#}").as_bytes(), None),
     };
+    if let Err(e) = sent {
+        let _ = wire::send(
+            fd,
+            FAILED,
+            m.id,
+            format!("sending the answer: {e:#}").as_bytes(),
+            None,
+        );
+    }
 }
 
 fn open_dataset(m: &wire::Message) -> Result<(Open, Answer)> {
@@ -169,6 +180,11 @@ fn load(ds: &Open, m: &wire::Message) -> Result<Answer> {
                     .str(&format!("{e:#}"));
             }
         }
+    }
+    // Records that fit go in the message itself, after the table; more in a sealed memfd.
+    if w.0.len() + records.len() <= INLINE_MAX {
+        w.0.extend_from_slice(&records);
+        return Ok((w.0, None));
     }
     let memfd = wire::sealed_memfd("larder-records", &records)?;
     Ok((w.0, Some(memfd)))

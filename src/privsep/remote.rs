@@ -403,45 +403,67 @@ impl RemoteSource {
         .into()
     }
 
-    /// The records of a `LOAD` answer, each checked against the schema and the limit.
+    /// The records of a `LOAD` answer, each checked against the schema and the limit: in the
+    /// message after its table, or in the memfd beside it.
     fn records(&self, m: &wire::Message, count: u64) -> Result<(Vec<Result<Vec<u8>>>, u64)> {
-        let most = count
-            .saturating_mul(self.max_sample_bytes)
-            .min(MOST_ANSWER_BYTES);
-        let map = wire::map_sealed(m.fd.as_ref().context("no records")?, most)?;
-        let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
+        enum Outcome {
+            Record(u64, u64),
+            Failed(anyhow::Error),
+        }
         let mut r = wire::Reader::new(&m.payload);
         let raw_bytes = r.u64()?;
         let n = r.u32()? as u64;
         ensure!(n == count, "{n} samples for {count} asked");
-        let mut out = Vec::with_capacity(n as usize);
+        let mut outcomes = Vec::with_capacity(n as usize);
         for _ in 0..n {
-            match r.u8()? {
+            outcomes.push(match r.u8()? {
                 SAMPLE_OK => {
                     let (at, len) = (r.u64()?, r.u64()?);
                     ensure!(len <= self.max_sample_bytes, "a record of {len} bytes");
+                    Outcome::Record(at, len)
+                }
+                SAMPLE_BAD => Outcome::Failed(anyhow!("{}", r.str()?)),
+                SAMPLE_CHANGED => {
+                    let why = r.str()?.to_string();
+                    *self.changed.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
+                    Outcome::Failed(Error::new(Kind::Changed, why).into())
+                }
+                k => bail!("a sample outcome {k}"),
+            });
+        }
+        let most = count
+            .saturating_mul(self.max_sample_bytes)
+            .min(MOST_ANSWER_BYTES);
+        let map = match &m.fd {
+            Some(fd) => {
+                r.end()?;
+                wire::map_sealed(fd, most)?
+            }
+            None => None,
+        };
+        let bytes: &[u8] = match &map {
+            Some(map) => map,
+            None => r.rest(),
+        };
+        outcomes
+            .into_iter()
+            .map(|o| match o {
+                Outcome::Record(at, len) => {
                     let end = at
                         .checked_add(len)
                         .filter(|&e| e <= bytes.len() as u64)
-                        .context("a record past the memfd's end")?;
+                        .context("a record past the end of the answer's records")?;
                     let record = bytes[at as usize..end as usize].to_vec();
                     self.meta
                         .schema
                         .decode(&record)
                         .context("a record that does not fit the dataset's fields")?;
-                    out.push(Ok(record));
+                    Ok(Ok(record))
                 }
-                SAMPLE_BAD => out.push(Err(anyhow!("{}", r.str()?))),
-                SAMPLE_CHANGED => {
-                    let why = r.str()?.to_string();
-                    *self.changed.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
-                    out.push(Err(Error::new(Kind::Changed, why).into()))
-                }
-                k => bail!("a sample outcome {k}"),
-            }
-        }
-        r.end()?;
-        Ok((out, raw_bytes))
+                Outcome::Failed(e) => Ok(Err(e)),
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(|records| (records, raw_bytes))
     }
 }
 
@@ -673,7 +695,7 @@ mod tests {
     #[test]
     fn a_reader_that_lies_or_fails_costs_its_dataset_a_clear_error() {
         for (lie, says) in [
-            (Lie::PastTheEnd, "past the memfd's end"),
+            (Lie::PastTheEnd, "past the end of the answer's records"),
             (Lie::NotTheSchema, "does not fit the dataset's fields"),
             (Lie::Unsealed, "not sealed"),
             (Lie::WrongCount, "1 samples for 2 asked"),

@@ -215,6 +215,11 @@ impl<'a> Reader<'a> {
         );
         Ok(n)
     }
+    /// What is left of the payload, all of it.
+    pub fn rest(&mut self) -> &'a [u8] {
+        std::mem::take(&mut self.data)
+    }
+
     /// Fails unless the whole payload was read.
     pub fn end(&self) -> Result<()> {
         if !self.data.is_empty() {
