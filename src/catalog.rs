@@ -206,7 +206,7 @@ impl Dataset {
             return Ok((records, bytes));
         }
         let raw = self.source.read_range(start, count)?;
-        let bytes = raw.iter().map(raw_size).sum();
+        let bytes = raw.iter().map(crate::fields::raw_bytes).sum();
         let records = (start..)
             .zip(raw)
             .map(|(i, r)| self.prepare(i, r))
@@ -230,7 +230,7 @@ impl Dataset {
                 self.name
             )
         })?;
-        let bytes = raw_size(&raw);
+        let bytes = crate::fields::raw_bytes(&raw);
         Ok((self.prepare(index, raw)?, bytes))
     }
 
@@ -534,12 +534,7 @@ fn open_dataset(id: u32, c: &DatasetConfig, limits: Limits) -> Result<Dataset> {
         crate::source::owner_identity(c.owner),
     ) {
         (Some(launcher), Some(id)) => {
-            let user = crate::privsep::launcher::User {
-                uid: id.uid,
-                gid: id.gid,
-                groups: id.groups.clone(),
-            };
-            crate::privsep::remote::open(launcher, user, c, &limits)?
+            crate::privsep::remote::open(launcher, id.as_ref().into(), c, &limits)?
         }
         _ => crate::source::open(c, &limits)?,
     };
@@ -629,9 +624,4 @@ fn pipelines(
         reference,
     });
     Ok((eval, train))
-}
-
-/// Bytes of a raw sample's fields.
-fn raw_size(raw: &RawSample) -> u64 {
-    raw.iter().map(|v| v.data.len() as u64).sum()
 }

@@ -213,6 +213,11 @@ impl FieldSpec {
 /// One value per raw field: a sample as its source reads it, before preprocessing.
 pub type RawSample = Vec<Value>;
 
+/// Bytes of a raw sample's fields, as read.
+pub fn raw_bytes(raw: &RawSample) -> u64 {
+    raw.iter().map(|v| v.data.len() as u64).sum()
+}
+
 /// Bytes of a value of `dims` with items of `item` bytes; usize::MAX when that overflows
 /// (dims can come from a file: no length matches it, and no buffer is made for it).
 pub fn bytes_of(item: usize, dims: &[u32]) -> usize {

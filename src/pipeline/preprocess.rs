@@ -169,7 +169,7 @@ pub fn prepare(
     raw: RawSample,
 ) -> Result<Vec<u8>> {
     let max = limits.max_sample_bytes;
-    let read: u64 = raw.iter().map(|v| v.data.len() as u64).sum();
+    let read = crate::fields::raw_bytes(&raw);
     ensure!(
         read <= max,
         "its files take {read} bytes, over the {max} a sample may (limits.max_sample_bytes)"

@@ -32,6 +32,16 @@ pub struct User {
     pub groups: Vec<u32>,
 }
 
+impl From<&crate::access::Identity> for User {
+    fn from(id: &crate::access::Identity) -> User {
+        User {
+            uid: id.uid,
+            gid: id.gid,
+            groups: id.groups.clone(),
+        }
+    }
+}
+
 impl User {
     fn write(&self, w: &mut Writer) {
         w.u32(self.uid).u32(self.gid).u32(self.groups.len() as u32);
@@ -134,13 +144,7 @@ impl Launcher {
     /// Whether `user` may read every one of `files`: None if so, else the first that they may
     /// not, with why.
     pub fn check(&self, user: &User, files: &[PathBuf]) -> Result<Option<String>> {
-        use std::os::unix::ffi::OsStrExt;
-        let mut list = Vec::new();
-        for f in files {
-            list.extend_from_slice(f.as_os_str().as_bytes());
-            list.push(0);
-        }
-        let memfd = wire::sealed_memfd("larder-check", &list)?;
+        let memfd = wire::sealed_memfd("larder-check", &wire::path_list(files))?;
         let mut w = Writer::default();
         user.write(&mut w);
         let answer = self.call(CHECK, &w.0, Some(memfd.as_raw_fd()))?;
@@ -272,8 +276,15 @@ fn answer_within(read_end: OwnedFd, what: &str) -> Result<String> {
     }
 }
 
-/// Runs `f` in a child switched to `user`, its answer (text) read back within CHILD_WITHIN.
-fn as_child(user: &User, what: &str, keep: &[RawFd], f: impl FnOnce() -> String) -> Result<String> {
+/// Runs `f` in a child switched to `user`, its answer read back within CHILD_WITHIN: Ok(Ok) what
+/// it found, Ok(Err) why not (sent as "1" or "0" and the text: nothing at all is a child that
+/// died).
+fn as_child(
+    user: &User,
+    what: &str,
+    keep: &[RawFd],
+    f: impl FnOnce() -> Result<String, String>,
+) -> Result<Result<String, String>> {
     let mut pipe = [0 as RawFd; 2];
     // SAFETY: pipe2 writes two descriptors.
     ensure!(
@@ -294,9 +305,14 @@ fn as_child(user: &User, what: &str, keep: &[RawFd], f: impl FnOnce() -> String)
             let mut keep = keep.to_vec();
             keep.push(write_end.as_raw_fd());
             close_all_but(&keep);
-            let text = match become_user(user) {
-                Ok(()) => f(),
-                Err(e) => format!("0the {what} could not run as uid {}: {e:#}", user.uid),
+            let text = match become_user(user)
+                .map_err(|e| format!("the {what} could not run as uid {}: {e:#}", user.uid))
+            {
+                Ok(()) => match f() {
+                    Ok(found) => format!("1{found}"),
+                    Err(why) => format!("0{why}"),
+                },
+                Err(why) => format!("0{why}"),
             };
             let file = std::fs::File::from(write_end);
             let _ = std::io::Write::write_all(&mut &file, text.as_bytes());
@@ -305,7 +321,12 @@ fn as_child(user: &User, what: &str, keep: &[RawFd], f: impl FnOnce() -> String)
         }
         _ => {
             drop(write_end);
-            answer_within(read_end, what)
+            let text = answer_within(read_end, what)?;
+            match text.split_at_checked(1) {
+                Some(("1", found)) => Ok(Ok(found.to_string())),
+                Some(("0", why)) if !why.is_empty() => Ok(Err(why.to_string())),
+                _ => bail!("the {what} ended without an answer"),
+            }
         }
     }
 }
@@ -317,20 +338,12 @@ fn recognize(m: &wire::Message) -> Result<String> {
     let path =
         PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(r.bytes()?));
     r.end()?;
-    let text = as_child(
-        &user,
-        "recognition of a path",
-        &[],
-        || match crate::source::recognize(&path) {
-            Ok(f) => format!("1{}", f.name()),
-            Err(e) => format!("0{e:#}"),
-        },
-    )?;
-    match text.split_at_checked(1) {
-        Some(("1", kind)) => Ok(kind.to_string()),
-        Some(("0", why)) => bail!("{why}"),
-        _ => bail!("the recognition of a path ended without an answer"),
-    }
+    as_child(&user, "recognition of a path", &[], || {
+        crate::source::recognize(&path)
+            .map(|f| f.name().to_string())
+            .map_err(|e| format!("{e:#}"))
+    })?
+    .map_err(|why| anyhow::anyhow!("{why}"))
 }
 
 /// Forks a reader as the request's user; returns the daemon's end of its socket.
@@ -370,36 +383,17 @@ fn check(m: &wire::Message) -> Result<String> {
     let user = User::read(&mut r)?;
     r.end()?;
     let list = m.fd.as_ref().context("no file list")?;
-    // "1": readable; "0" and why not. Nothing at all: the check died.
-    let text = as_child(&user, "access check", &[list.as_raw_fd()], || {
-        let answer = wire::read_sealed(list, 1 << 30).map(|list| {
-            let files: Vec<PathBuf> = list
-                .split(|&b| b == 0)
-                .filter(|p| !p.is_empty())
-                .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes_helper(p)))
-                .collect();
-            crate::access::first_unreadable_text(&files)
-        });
-        match answer {
-            Ok(None) => "1".to_string(),
-            Ok(Some(why)) => format!("0{why}"),
-            Err(e) => format!("0the check could not read its file list: {e:#}"),
+    let readable = as_child(&user, "access check", &[list.as_raw_fd()], || {
+        let list = wire::read_sealed(list, 1 << 30)
+            .map_err(|e| format!("the check could not read its file list: {e:#}"))?;
+        match crate::access::first_unreadable_text(&wire::paths_of(&list)) {
+            None => Ok(String::new()),
+            Some(why) => Err(why),
         }
     })?;
-    match text.split_at_checked(1) {
-        Some(("1", "")) => Ok(String::new()),
-        Some(("0", why)) if !why.is_empty() => Ok(why.to_string()),
-        _ => bail!("the access check ended without an answer"),
-    }
-}
-
-/// `OsStr` from bytes (a path as the daemon sent it).
-trait FromBytes {
-    fn from_bytes_helper(b: &[u8]) -> &std::ffi::OsStr;
-}
-
-impl FromBytes for std::ffi::OsStr {
-    fn from_bytes_helper(b: &[u8]) -> &std::ffi::OsStr {
-        std::os::unix::ffi::OsStrExt::from_bytes(b)
+    match readable {
+        Ok(nothing) if nothing.is_empty() => Ok(String::new()),
+        Ok(_) => bail!("the access check ended without an answer"),
+        Err(why) => Ok(why),
     }
 }

@@ -47,14 +47,9 @@ pub fn separate() -> anyhow::Result<bool> {
     );
     let _ = LAUNCHER.set(launcher::Launcher::start()?);
     crate::access::set_checker(Box::new(|id, files| {
-        let user = launcher::User {
-            uid: id.uid,
-            gid: id.gid,
-            groups: id.groups.clone(),
-        };
         launcher()
             .ok_or_else(|| "no launcher".to_string())?
-            .check(&user, files)
+            .check(&id.into(), files)
             .map_err(|e| format!("{e:#}"))
     }));
     caps::drop_all()?;

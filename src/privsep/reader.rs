@@ -128,11 +128,7 @@ fn open_dataset(m: &wire::Message) -> Result<(Open, Answer)> {
     for i in 0..s.len() {
         bulk.extend_from_slice(&s.disk_bytes_of(i).to_le_bytes());
     }
-    for f in s.files().iter() {
-        use std::os::unix::ffi::OsStrExt;
-        bulk.extend_from_slice(f.as_os_str().as_bytes());
-        bulk.push(0);
-    }
+    bulk.extend_from_slice(&wire::path_list(s.files().iter()));
     let memfd = wire::sealed_memfd("larder-meta", &bulk)?;
     Ok((Open { opened, limits }, (w.0, Some(memfd))))
 }
@@ -157,7 +153,7 @@ fn load(ds: &Open, m: &wire::Message) -> Result<Answer> {
     let raw_bytes: u64 = raw
         .iter()
         .filter_map(|(_, r)| r.as_ref().ok())
-        .map(|r| r.iter().map(|v| v.data.len() as u64).sum::<u64>())
+        .map(crate::fields::raw_bytes)
         .sum();
     w.u64(raw_bytes).u32(raw.len() as u32);
     for (i, sample) in raw {

@@ -311,7 +311,9 @@ fn open_in(
     if let Some(bytes) = meta.schema.fixed_record_bytes() {
         ensure!(bytes <= limits.max_sample_bytes, "samples of {bytes} bytes");
     }
-    let bulk = wire::read_sealed(m.fd.as_ref().context("no metadata")?, MOST_META_BYTES)?;
+    // Mapped, not read whole: only the bytes taken below are copied.
+    let map = wire::map_sealed(m.fd.as_ref().context("no metadata")?, MOST_META_BYTES)?;
+    let bulk: &[u8] = map.as_deref().unwrap_or(&[]);
     let sizes_end = meta
         .len
         .checked_mul(8)
@@ -322,11 +324,7 @@ fn open_in(
         .chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().unwrap()).min(limits.max_sample_bytes))
         .collect();
-    let files = bulk[sizes_end..]
-        .split(|&b| b == 0)
-        .filter(|p| !p.is_empty())
-        .map(|p| PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(p)))
-        .collect();
+    let files = wire::paths_of(&bulk[sizes_end..]);
     Ok((meta, sizes, files))
 }
 

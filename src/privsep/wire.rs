@@ -279,22 +279,27 @@ pub fn map_sealed(fd: &OwnedFd, max: u64) -> Result<Option<memmap2::Mmap>> {
 /// The bytes of a memfd another process sent, if it is sealed as `sealed_memfd` seals: its
 /// sender can no longer change them under the reader.
 pub fn read_sealed(fd: &OwnedFd, max: u64) -> Result<Vec<u8>> {
-    // SAFETY: fcntl on a descriptor we own.
-    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-    let want = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
-    ensure!(
-        seals >= 0 && seals & want == want,
-        "a memfd that is not sealed"
-    );
-    let file = std::fs::File::from(fd.try_clone()?);
-    let len = file.metadata()?.len();
-    ensure!(
-        len <= max,
-        "a memfd of {len} bytes, over the {max} expected"
-    );
-    let mut data = vec![0u8; len as usize];
-    std::os::unix::fs::FileExt::read_exact_at(&file, &mut data, 0)?;
-    Ok(data)
+    Ok(map_sealed(fd, max)?.map_or_else(Vec::new, |map| map.to_vec()))
+}
+
+/// Paths as one byte string, each ended by a NUL (a list that travels in a memfd).
+pub fn path_list<'a>(paths: impl IntoIterator<Item = &'a std::path::PathBuf>) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut list = Vec::new();
+    for p in paths {
+        list.extend_from_slice(p.as_os_str().as_bytes());
+        list.push(0);
+    }
+    list
+}
+
+/// The paths of a `path_list` (empty ones left out).
+pub fn paths_of(list: &[u8]) -> Vec<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    list.split(|&b| b == 0)
+        .filter(|p| !p.is_empty())
+        .map(|p| std::path::PathBuf::from(std::ffi::OsStr::from_bytes(p)))
+        .collect()
 }
 
 #[cfg(test)]

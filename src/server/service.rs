@@ -608,14 +608,7 @@ impl Larder for Service {
         let found = tokio::task::spawn_blocking(move || {
             let me = unsafe { libc::geteuid() };
             match crate::privsep::launcher() {
-                Some(l) if id.uid != 0 && id.uid != me => {
-                    let user = crate::privsep::launcher::User {
-                        uid: id.uid,
-                        gid: id.gid,
-                        groups: id.groups.clone(),
-                    };
-                    l.recognize(&user, &path)
-                }
+                Some(l) if id.uid != 0 && id.uid != me => l.recognize(&id.as_ref().into(), &path),
                 _ => crate::source::recognize_as((id.uid != 0).then_some(id.uid), &path)
                     .map(str::to_string),
             }
