@@ -527,14 +527,19 @@ impl Catalog {
 }
 
 fn open_dataset(id: u32, c: &DatasetConfig, limits: Limits) -> Result<Dataset> {
-    // A user's dataset is read in a reader process running as them, where a launcher runs;
-    // else in this process (with their rights on the reading thread: see `source::open`).
+    // A user's dataset is read in a reader process running as them, where a launcher runs, and
+    // the config's (and root's) as the config's `reader_user` when it names one; else in this
+    // process (a user's with their rights on the reading thread: see `source::open`).
     let opened = match (
         crate::privsep::launcher(),
         crate::source::owner_identity(c.owner),
+        crate::privsep::config_reader(),
     ) {
-        (Some(launcher), Some(id)) => {
+        (Some(launcher), Some(id), _) => {
             crate::privsep::remote::open(launcher, id.as_ref().into(), c, &limits)?
+        }
+        (Some(launcher), None, Some(reader)) => {
+            crate::privsep::remote::open(launcher, reader.clone(), c, &limits)?
         }
         _ => crate::source::open(c, &limits)?,
     };

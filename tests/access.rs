@@ -811,6 +811,8 @@ fn a_users_files_are_parsed_by_a_reader_as_them_and_its_failure_is_theirs_alone(
     let reader = readers[0];
     assert_eq!(status_of(reader, "CapEff"), "0000000000000000");
     assert_eq!(status_of(reader, "NoNewPrivs"), "1");
+    // Under its seccomp filter (and Landlock rules, which /proc does not show).
+    assert_eq!(status_of(reader, "Seccomp"), "2");
     let groups = status_of(reader, "Groups");
     assert!(!groups.split_whitespace().any(|g| g == "0"), "{groups}");
     // No thread of the daemon ever switches to a user any more, and none holds a capability
@@ -893,4 +895,104 @@ fn a_users_files_are_parsed_by_a_reader_as_them_and_its_failure_is_theirs_alone(
         std::fs::metadata(format!("/proc/{pid}")).is_ok(),
         "the daemon lives"
     );
+}
+
+#[test]
+#[ignore = "adds users and groups: needs root (scripts/test runs it as root)"]
+fn the_configs_datasets_are_read_by_the_reader_user_never_by_the_daemon() {
+    assert_eq!(unsafe { libc::geteuid() }, 0, "run as root");
+    let users = Users::make();
+    let alice = users.uid(0);
+    let reader_name = format!("{}rd", users.names[0]);
+    run(
+        "useradd",
+        &[
+            "-M",
+            "-N",
+            "-g",
+            "nogroup",
+            "-s",
+            "/usr/sbin/nologin",
+            &reader_name,
+        ],
+    );
+    struct Gone(String);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = Command::new("userdel").arg(&self.0).status();
+        }
+    }
+    let _gone = Gone(reader_name.clone());
+    let reader_uid = id("-u", &reader_name);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    set_mode(root, 0o755);
+    // The admin's image folder, readable by all: two good images, and a link to a file only
+    // root may read (as if swapped in after a check passed).
+    let pics = root.join("pics");
+    let class = pics.join("c");
+    own_dir(&class, 0, 0o755);
+    set_mode(&pics, 0o755);
+    jpeg(&class, "good1.jpg", 0, 0o644);
+    jpeg(&class, "good2.jpg", 0, 0o644);
+    let secret = jpeg(root, "root-only.jpg", 0, 0o600);
+    std::os::unix::fs::symlink(&secret, class.join("swapped.jpg")).unwrap();
+    let socket = root.join("larder.sock");
+    let config = root.join("larder.toml");
+    let write_config = |reader: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "unix_socket = {socket:?}\nunix_socket_mode = 0o666\nreader_user = {reader:?}\n\
+                 [scratch]\nenabled = false\n\
+                 [[dataset]]\nname = \"pics\"\npath = {pics:?}\nresize = 64\ncrop = 32\nallow = [\"all\"]\n"
+            ),
+        )
+        .unwrap();
+    };
+    // Never root, nor a user that is not there: the daemon does not start.
+    for bad in ["root", "no-such-user-here"] {
+        write_config(bad);
+        let o = Command::new(env!("CARGO_BIN_EXE_larderd"))
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+        assert!(text(&o).contains("reader_user"), "{}", text(&o));
+    }
+    write_config(&reader_name);
+    let daemon = Larderd(common::spawn_larderd(&config, &socket));
+    wait_listed(alice, &socket, "pics");
+    let o = larder_as(
+        alice,
+        &socket,
+        &[
+            "bench",
+            "pics",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "8",
+            "--clients",
+            "1",
+        ],
+    );
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    // Only the two good images: the link was read with the reader user's rights, refused.
+    assert!(out.contains("epoch 0: 2 samples ("), "{out}");
+    let bad = text(&larder_as(alice, &socket, &["bad", "pics"]));
+    assert!(
+        bad.lines()
+            .any(|l| l.contains("swapped.jpg") && l.contains("Permission denied")),
+        "{bad}"
+    );
+    // Read by a reader as the dedicated user, sandboxed; the daemon holds no capability.
+    let readers = larderd_processes_of(reader_uid);
+    assert_eq!(readers.len(), 1, "{readers:?}");
+    assert_eq!(status_of(readers[0], "CapEff"), "0000000000000000");
+    assert_eq!(status_of(readers[0], "NoNewPrivs"), "1");
+    assert_eq!(status_of(readers[0], "Seccomp"), "2");
+    assert_eq!(status_of(daemon.0.id(), "CapEff"), "0000000000000000");
 }

@@ -467,7 +467,8 @@ pub fn name_of_user(uid: u32) -> Option<String> {
     user_name(uid).map(|(n, _)| n.to_string_lossy().into_owned())
 }
 
-fn uid_of(name: &str) -> Option<u32> {
+/// The uid of user `name` in the password database.
+pub fn uid_of(name: &str) -> Option<u32> {
     let c = CString::new(name).ok()?;
     // SAFETY: getpwnam_r reads the NUL-terminated name, writes into the entry and the buffer.
     passwd_entry(|pwd, buf, len, out| unsafe { libc::getpwnam_r(c.as_ptr(), pwd, buf, len, out) })

@@ -42,6 +42,10 @@ fn main() -> Result<()> {
     // none (see `privsep`).
     let separated = larder::privsep::separate().context("starting the launcher")?;
     let config = load(&args.config)?;
+    if let Some(name) = &config.reader_user {
+        larder::privsep::set_config_reader(name)
+            .with_context(|| format!("in config file {}", args.config.display()))?;
+    }
     if !larder::alloc::start_background_thread() {
         tracing::warn!("jemalloc's background thread did not start: freed memory goes back later");
     }

@@ -51,6 +51,11 @@ pub struct Config {
     /// datasets last until the daemon stops.
     #[serde(default)]
     pub state_dir: Option<PathBuf>,
+    /// The user the config's own datasets are read as, in readers, where the daemon can switch
+    /// users: a dedicated unprivileged user (`larder-reader` in the shipped config), never root
+    /// or the daemon's own. Unset: they are read in the daemon's process, with its rights.
+    #[serde(default)]
+    pub reader_user: Option<String>,
     /// The datasets, each a `[[dataset]]` table (see `DatasetConfig`).
     #[serde(default, rename = "dataset", deserialize_with = "dataset::tables")]
     pub datasets: Vec<DatasetConfig>,

@@ -6,8 +6,9 @@
 //! - **a reader** for a user's dataset (see `reader`): its socket goes back to the daemon;
 //! - **an access check**: may this user read these files (the kernel's answer, `faccessat2`)?
 //!
-//! It parses nothing but its own small requests; it never reads a dataset's files; it never
-//! switches to uid 0. It ends when the daemon does (its socket closes; PR_SET_PDEATHSIG).
+//! Each child puts itself under the seccomp filter of `sandbox` as soon as it is that user.
+//! The launcher parses nothing but its own small requests; it never reads a dataset's files;
+//! it never switches to uid 0. It ends when the daemon does (its socket closes; PR_SET_PDEATHSIG).
 
 use super::wire::{self, Reader, Writer};
 use anyhow::{bail, ensure, Context, Result};
@@ -306,6 +307,7 @@ fn as_child(
             keep.push(write_end.as_raw_fd());
             close_all_but(&keep);
             let text = match become_user(user)
+                .and_then(|()| super::sandbox::restrict_syscalls().map(drop))
                 .map_err(|e| format!("the {what} could not run as uid {}: {e:#}", user.uid))
             {
                 Ok(()) => match f() {
@@ -339,6 +341,9 @@ fn recognize(m: &wire::Message) -> Result<String> {
         PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(r.bytes()?));
     r.end()?;
     as_child(&user, "recognition of a path", &[], || {
+        // It looks at this path alone (a link in it is followed once, here).
+        super::sandbox::restrict_files(std::slice::from_ref(&path))
+            .map_err(|e| format!("{e:#}"))?;
         crate::source::recognize(&path)
             .map(|f| f.name().to_string())
             .map_err(|e| format!("{e:#}"))

@@ -7,12 +7,15 @@
 //!   process that keeps CAP_SETUID and CAP_SETGID; it parses no data, and only starts readers
 //!   and access checks, each in a child switched wholly to a user (never root).
 //! - **readers** (`reader`): one per dataset a user added, running as that user, no
-//!   capability, NO_NEW_PRIVS; they open the files with the user's own rights, read and decode
+//!   capability, NO_NEW_PRIVS, a seccomp filter and Landlock rules (`sandbox`); they open the files with the user's own rights, read and decode
 //!   them, and hand the records back in sealed memfds over a socket (`wire`). The daemon's
 //!   side (`remote`) checks every length, offset and record, and outlives any reader.
 //!
+//! The config's own datasets are read by readers too, as `reader_user` (a dedicated
+//! unprivileged user) when the config names one; else in the daemon's process.
+//!
 //! Without the capabilities (a daemon run as a plain user) there is no launcher: the daemon
-//! reads only its own user's datasets and the config's, in its own process, as before.
+//! reads only its own user's datasets and the config's, in its own process.
 //!
 //! The threat model is in docs/admin.md ("Threat model").
 
@@ -20,15 +23,44 @@ pub mod caps;
 pub mod launcher;
 pub mod reader;
 pub mod remote;
+pub mod sandbox;
 pub mod wire;
 
 use std::sync::OnceLock;
 
 static LAUNCHER: OnceLock<launcher::Launcher> = OnceLock::new();
+static CONFIG_READER: OnceLock<launcher::User> = OnceLock::new();
 
 /// The launcher, when this daemon started one.
 pub fn launcher() -> Option<&'static launcher::Launcher> {
     LAUNCHER.get()
+}
+
+/// The user the config's datasets are read as (`reader_user`), once set.
+pub fn config_reader() -> Option<&'static launcher::User> {
+    CONFIG_READER.get()
+}
+
+/// Sets the user the config's datasets are read as, by name: one the password database knows,
+/// neither root nor the daemon's own user (who could reach the daemon's memory and scratch
+/// tier). Only where a launcher runs; set once (a reload keeps the first).
+pub fn set_config_reader(name: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        launcher().is_some(),
+        "reader_user = {name:?} needs a daemon that may switch users (CAP_SETUID and CAP_SETGID)"
+    );
+    let uid = crate::access::uid_of(name)
+        .ok_or_else(|| anyhow::anyhow!("reader_user: no user {name:?} on this machine"))?;
+    // SAFETY: getuid has no arguments.
+    let own = unsafe { libc::getuid() };
+    anyhow::ensure!(
+        uid != 0 && uid != own,
+        "reader_user = {name:?} is uid {uid}: it must be neither root nor the daemon's own user"
+    );
+    let user: launcher::User = (&crate::access::Identity::of_user_primary(uid)).into();
+    anyhow::ensure!(user.gid != 0, "reader_user = {name:?}: its group is root's");
+    let _ = CONFIG_READER.set(user);
+    Ok(())
 }
 
 /// At the start of larderd, before any thread: when the process may switch users, forks the

@@ -17,9 +17,9 @@ use super::wire::{self, Writer};
 use crate::config::{DatasetConfig, Limits};
 use crate::fields::{FieldSpec, Schema};
 use crate::source::Opened;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 pub const OPEN: u8 = 1;
 pub const LOAD: u8 = 2;
@@ -43,29 +43,39 @@ struct Open {
     limits: Limits,
 }
 
-/// The reader's loop: requests from `sock` until the daemon closes it, taken by a few threads
-/// at once (a SOCK_SEQPACKET socket hands each message whole to one of them), so a cold epoch
-/// decodes on every core the daemon's pool has. The process ends when the socket closes,
-/// whatever its threads are doing.
+/// The reader's loop. It first puts itself under its seccomp filter, then opens the dataset on
+/// its one thread (the first request must be `OPEN`) and holds itself to the dataset's files
+/// (Landlock binds the threads started after). Then requests come from `sock` until the daemon
+/// closes it, taken by a few threads at once (a SOCK_SEQPACKET socket hands each message whole
+/// to one of them), so a cold epoch decodes on every core the daemon's pool has. The process
+/// ends when the socket closes, whatever its threads are doing.
 pub fn serve(sock: OwnedFd) {
     let fd = sock.as_raw_fd();
-    let open: Arc<Mutex<Option<Arc<Open>>>> = Arc::default();
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(16));
-    let work = move |open: Arc<Mutex<Option<Arc<Open>>>>| {
+    if let Err(e) = super::sandbox::restrict_syscalls() {
+        eprintln!("larder reader: {e:#}");
+        // SAFETY: ends the reader without the daemon's exit handlers.
+        unsafe { libc::_exit(1) }
+    }
+    let Ok(Some(m)) = wire::recv(fd) else {
+        // SAFETY: as above.
+        unsafe { libc::_exit(0) }
+    };
+    let mut opened = None;
+    answer(fd, &m, || {
+        ensure!(m.kind == OPEN, "the first request must open the dataset");
+        let (ds, answer) = open_dataset(&m)?;
+        opened = Some(Arc::new(ds));
+        Ok(answer)
+    });
+    let Some(ds) = opened else {
+        // SAFETY: as above: a reader whose dataset did not open has nothing more to do.
+        unsafe { libc::_exit(0) }
+    };
+    let work = move |ds: Arc<Open>| {
         while let Ok(Some(m)) = wire::recv(fd) {
             match m.kind {
-                OPEN => answer(fd, &m, || {
-                    let (ds, answer) = open_dataset(&m)?;
-                    *open.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(ds));
-                    Ok(answer)
-                }),
-                LOAD => {
-                    let ds = open.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                    answer(fd, &m, || match &ds {
-                        Some(ds) => load(ds, &m),
-                        None => bail!("no dataset is open"),
-                    })
-                }
+                LOAD => answer(fd, &m, || load(&ds, &m)),
                 _ => answer(fd, &m, || bail!("unknown request {}", m.kind)),
             }
         }
@@ -73,10 +83,10 @@ pub fn serve(sock: OwnedFd) {
         unsafe { libc::_exit(0) }
     };
     for _ in 1..threads {
-        let open = open.clone();
-        std::thread::spawn(move || work(open));
+        let ds = ds.clone();
+        std::thread::spawn(move || work(ds));
     }
-    work(open);
+    work(ds);
     drop(sock);
 }
 
@@ -113,6 +123,14 @@ fn open_dataset(m: &wire::Message) -> Result<(Open, Answer)> {
     c.owner = None;
     let opened = crate::source::open(&c, &limits)?;
     let s = &opened.source;
+    // From here on the reader may open the dataset's files and nothing else.
+    let rules = super::sandbox::rules_for(s.root(), &s.files());
+    if super::sandbox::restrict_files(&rules)
+        .context("holding the reader to the dataset's files")?
+        == super::sandbox::Landlocked::Unsupported
+    {
+        eprintln!("larder reader: this kernel has no Landlock; the reader is held by its uid and seccomp alone");
+    }
     let mut w = Writer::default();
     w.str(opened.format.name())
         .u64(s.len())
