@@ -710,4 +710,150 @@ mod tests {
         let err = format!("{:#}", lied_to(Lie::Silent));
         assert!(err.contains("did not answer within 8 s"), "{err}");
     }
+
+    /// A fake reader answering `OPEN` with `open` and every `LOAD` with `load` (payload, and
+    /// the bytes of the memfd beside it).
+    type Answer = (Vec<u8>, Option<Vec<u8>>);
+
+    fn fake_reader(open: Answer, load: Answer) -> Result<Opened> {
+        let (daemon_end, reader_end) = wire::pair().unwrap();
+        std::thread::spawn(move || {
+            let fd = reader_end.as_raw_fd();
+            while let Ok(Some(m)) = wire::recv(fd) {
+                let (payload, bulk) = if m.kind == OPEN { &open } else { &load };
+                let memfd = bulk.as_ref().map(|b| wire::sealed_memfd("f", b).unwrap());
+                let _ = wire::send(
+                    fd,
+                    m.kind,
+                    m.id,
+                    payload,
+                    memfd.as_ref().map(|f| f.as_raw_fd()),
+                );
+            }
+        });
+        let c =
+            DatasetConfig::from_table(toml::from_str("name = \"u/x\"\npath = \"/fake\"").unwrap())
+                .unwrap();
+        let user = User {
+            uid: 1000,
+            gid: 1000,
+            groups: vec![],
+        };
+        from_reader(
+            None,
+            user,
+            &c,
+            &Limits::default(),
+            vec![],
+            Connection::over(daemon_end).unwrap(),
+        )
+    }
+
+    /// An honest `OPEN` answer: two samples of one uint8 [4] field.
+    fn honest_open() -> Answer {
+        let schema = Schema::new(vec![FieldSpec::fixed("x", DType::Uint8, &[4])]).unwrap();
+        let mut w = Writer::default();
+        w.str("hdf5")
+            .u64(2)
+            .u64(1)
+            .u64(8)
+            .str("fake")
+            .str("v1")
+            .str("/fake")
+            .str("Identity");
+        reader::write_schema(&mut w, &schema);
+        let mut bulk = [4u64.to_le_bytes(), 4u64.to_le_bytes()].concat();
+        bulk.extend_from_slice(&wire::path_list([PathBuf::from("/fake")].iter()));
+        (w.0, Some(bulk))
+    }
+
+    /// An honest `LOAD` answer for samples 0..2, records inline.
+    fn honest_load() -> Answer {
+        let mut w = Writer::default();
+        w.u64(8)
+            .u32(2)
+            .u8(SAMPLE_OK)
+            .u64(0)
+            .u64(4)
+            .u8(SAMPLE_OK)
+            .u64(4)
+            .u64(4);
+        w.0.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        (w.0, None)
+    }
+
+    /// Honest bytes cut short and with some bytes changed: hostile answers that get past the
+    /// first checks.
+    fn mutated(honest: Vec<u8>) -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        let n = honest.len();
+        (
+            proptest::collection::vec((0..n.max(1), any::<u8>()), 0..6),
+            0..=n + 8,
+            proptest::collection::vec(any::<u8>(), 0..8),
+        )
+            .prop_map(move |(flips, keep, tail)| {
+                let mut b = honest.clone();
+                for (i, v) in flips {
+                    if i < b.len() {
+                        b[i] = v;
+                    }
+                }
+                b.truncate(keep);
+                if keep > n {
+                    b.extend(tail);
+                }
+                b
+            })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+
+        /// Whatever a reader answers to `LOAD`, the daemon serves a sample only as the fields
+        /// say it is (four bytes), else a clear error; it never panics or reads out of bounds.
+        #[test]
+        fn hostile_load_answers_are_refused_or_exact(
+            payload in mutated(honest_load().0),
+            in_memfd in proptest::prelude::any::<bool>(),
+        ) {
+            let load = if in_memfd {
+                // The records moved to a memfd: the table alone in the message.
+                let n = payload.len().saturating_sub(8);
+                (payload[..n].to_vec(), Some(payload[n..].to_vec()))
+            } else {
+                (payload, None)
+            };
+            let opened = fake_reader(honest_open(), load).unwrap();
+            let p = opened.source.prepared().unwrap();
+            match p.load(0, 2) {
+                Ok((records, _raw)) => {
+                    proptest::prop_assert_eq!(records.len(), 2);
+                    for r in records.into_iter().flatten() {
+                        proptest::prop_assert_eq!(r.len(), 4);
+                    }
+                }
+                Err(e) => {
+                    let said = format!("{e:#}");
+                    proptest::prop_assert!(said.contains("u/x"), "{}", said);
+                }
+            }
+        }
+
+        /// Whatever a reader answers to `OPEN`, the dataset opens as something consistent or
+        /// not at all.
+        #[test]
+        fn hostile_open_answers_are_refused_or_consistent(
+            payload in mutated(honest_open().0),
+            bulk in mutated(honest_open().1.unwrap()),
+        ) {
+            if let Ok(opened) = fake_reader((payload, Some(bulk)), honest_load()) {
+                let s = &opened.source;
+                proptest::prop_assert!(s.len() <= 1 << 40);
+                for i in 0..s.len().min(4) {
+                    let _ = s.disk_bytes_of(i);
+                }
+            }
+        }
+    }
 }
