@@ -312,7 +312,7 @@ impl RawSource for Hdf5Source {
         for f in &self.fields {
             let values = f
                 .read(start as usize, (start + count) as usize)
-                .map_err(|e| self.changed().map_or(e, changed_error))
+                .map_err(|e| self.changed().map_or(e, super::changed_error))
                 .with_context(|| {
                     format!(
                         "reading samples {start}..{} of {}#{}",
@@ -328,7 +328,7 @@ impl RawSource for Hdf5Source {
         // HDF5 reads what lies past the end of a truncated file as zeros, without an error:
         // what was read counts only if the file is still the one opened.
         if let Some(why) = self.changed() {
-            return Err(changed_error(why));
+            return Err(super::changed_error(why));
         }
         Ok(samples)
     }
@@ -364,11 +364,6 @@ impl Provenance for Hdf5Source {
     fn root(&self) -> &Path {
         &self.path
     }
-}
-
-/// The error of a read from a file that changed under the daemon (kind `Changed`).
-fn changed_error(why: String) -> anyhow::Error {
-    crate::error::Error::new(crate::error::Kind::Changed, why).into()
 }
 
 /// The bytes of a slice of plain numbers.

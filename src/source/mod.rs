@@ -8,6 +8,7 @@
 mod files;
 mod hdf5;
 mod images;
+mod npy;
 mod owner;
 
 pub use self::files::{file_version, read_capped, Stamp};
@@ -23,7 +24,7 @@ use serde::de::DeserializeOwned;
 use std::path::Path;
 
 /// Every kind of source the daemon reads, in the order a path is offered to them.
-pub static FORMATS: &[&dyn Format] = &[&images::Images, &hdf5::Hdf5];
+pub static FORMATS: &[&dyn Format] = &[&npy::Npy, &images::Images, &hdf5::Hdf5];
 
 /// A kind of source: what a `[[dataset]]` table with `kind = NAME` is read by.
 pub trait Format: Sync {
@@ -228,6 +229,11 @@ pub fn recognize_as(uid: Option<u32>, path: &Path) -> Result<&'static str> {
 }
 
 pub use crate::fields::RawSample;
+
+/// The error of a read from a file that changed under the daemon (kind `Changed`).
+fn changed_error(why: String) -> anyhow::Error {
+    crate::error::Error::new(crate::error::Kind::Changed, why).into()
+}
 
 thread_local! {
     /// Files found so far by the open running on this thread (see [`with_progress`]).
