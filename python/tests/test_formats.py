@@ -92,3 +92,74 @@ def test_numpy_fields_by_name_and_clear_errors(tmp_path):
                     c.add_dataset("bad", path, kind="npy", **extra)
     finally:
         d.stop()
+
+
+def hf_dataset(n=37):
+    import datasets
+    from PIL import Image
+
+    rng = np.random.default_rng(9)
+    features = datasets.Features({
+        "image": datasets.Image(),
+        "label": datasets.ClassLabel(names=["cat", "dog", "eel"]),
+        "grid": datasets.Array2D(shape=(2, 3), dtype="float32"),
+        "seq": datasets.Sequence(datasets.Value("int16")),
+        "caption": datasets.Value("string"),
+        "flag": datasets.Value("bool"),
+    })
+    rows = {
+        "image": [Image.fromarray(rng.integers(0, 256, (9 + i % 5, 7 + i % 3, 3), dtype=np.uint8)) for i in range(n)],
+        "label": [i % 3 for i in range(n)],
+        "grid": [rng.standard_normal((2, 3)).astype(np.float32) for _ in range(n)],
+        "seq": [list(rng.integers(-500, 500, 4)) for _ in range(n)],
+        "caption": [f"row {i}" for i in range(n)],
+        "flag": [bool(i % 2) for i in range(n)],
+    }
+    return datasets.Dataset.from_dict(rows, features=features)
+
+
+def check_hf_epoch(client, name, ds):
+    seen = []
+    for b in client.stream(name, 8, seed=5):
+        assert "caption" not in b, "text is left out"
+        for k, i in enumerate(b.sample_ids):
+            row = ds[int(i)]
+            hwc = np.asarray(row["image"].convert("RGB"))
+            img = b["image"][k]
+            h, w = hwc.shape[:2]
+            assert img[:, :h, :w].transpose(1, 2, 0).tobytes() == hwc.tobytes(), i
+            assert b["label"][k] == row["label"]
+            assert b["grid"][k].tobytes() == np.asarray(row["grid"], np.float32).tobytes()
+            assert b["seq"][k][: len(row["seq"])].tobytes() == np.asarray(row["seq"], np.int16).tobytes()
+            assert b["flag"][k] == int(row["flag"])
+        seen.extend(int(i) for i in b.sample_ids)
+    assert sorted(seen) == list(range(len(ds))), "every sample exactly once"
+
+
+def test_hugging_face_save_to_disk_is_served_as_the_library_reads_it(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    path = tmp_path / "hf"
+    hf_dataset().save_to_disk(str(path))
+    dd = datasets.DatasetDict({"train": hf_dataset(23), "test": hf_dataset(11)})
+    dd.save_to_disk(str(tmp_path / "dict"))
+    tables = (
+        f'[[dataset]]\nname = "hf"\npath = "{path}"\nresize = 0\ncrop = 0\n'
+        f'[[dataset]]\nname = "test"\npath = "{tmp_path / "dict"}"\nsplit = "test"\nresize = 0\ncrop = 0\n'
+    )
+    d = Daemon(tmp_path, tables)
+    try:
+        with larder.Client(d.unix) as c:
+            info = c.dataset("hf")
+            assert info.kind == "hf"
+            fields = {f.name: f for f in info.fields}
+            assert sorted(fields) == ["flag", "grid", "image", "label", "seq"]
+            assert (fields["grid"].dtype, list(fields["grid"].shape)) == ("float32", [2, 3])
+            assert (fields["label"].dtype, fields["seq"].dtype) == ("int64", "int16")
+            check_hf_epoch(c, "hf", datasets.load_from_disk(str(path)))
+            check_hf_epoch(c, "test", datasets.load_from_disk(str(tmp_path / "dict"))["test"])
+            with pytest.raises(larder.LarderError, match='no split "val"'):
+                c.add_dataset("val", tmp_path / "dict", kind="hf", split="val")
+            with pytest.raises(larder.LarderError, match="caption"):
+                c.add_dataset("text", path, kind="hf", field=[{"name": "caption"}])
+    finally:
+        d.stop()

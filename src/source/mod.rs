@@ -7,6 +7,7 @@
 
 mod files;
 mod hdf5;
+mod hf;
 mod images;
 mod npy;
 mod owner;
@@ -24,7 +25,7 @@ use serde::de::DeserializeOwned;
 use std::path::Path;
 
 /// Every kind of source the daemon reads, in the order a path is offered to them.
-pub static FORMATS: &[&dyn Format] = &[&npy::Npy, &images::Images, &hdf5::Hdf5];
+pub static FORMATS: &[&dyn Format] = &[&npy::Npy, &hf::Hf, &images::Images, &hdf5::Hdf5];
 
 /// A kind of source: what a `[[dataset]]` table with `kind = NAME` is read by.
 pub trait Format: Sync {

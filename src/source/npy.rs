@@ -154,7 +154,10 @@ impl Header {
                 .find(&format!("'{key}'"))
                 .with_context(|| format!(".npy header has no '{key}'"))?;
             let rest = text[at + key.len() + 2..].trim_start();
-            Ok(rest.strip_prefix(':').context("malformed header")?.trim_start())
+            Ok(rest
+                .strip_prefix(':')
+                .context("malformed header")?
+                .trim_start())
         };
         let descr = value("descr")?;
         let descr = descr
@@ -252,8 +255,9 @@ impl Field {
         match &self.rows {
             Rows::File { file, offset } => {
                 let mut buf = vec![0u8; n as usize];
-                file.read_exact_at(&mut buf, offset + at)
-                    .with_context(|| format!("reading rows {start}..+{count} of {}", self.origin))?;
+                file.read_exact_at(&mut buf, offset + at).with_context(|| {
+                    format!("reading rows {start}..+{count} of {}", self.origin)
+                })?;
                 Ok(buf)
             }
             Rows::Memory(data) => Ok(data[at as usize..(at + n) as usize].to_vec()),
@@ -313,7 +317,11 @@ impl NpySource {
             zip_members(path)?
         } else {
             vec![Found {
-                name: path.file_stem().unwrap_or_default().to_string_lossy().into(),
+                name: path
+                    .file_stem()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into(),
                 file: path.to_path_buf(),
                 at: 0,
                 deflated: None,
@@ -367,7 +375,11 @@ impl NpySource {
                     head.truncate(got);
                     let header = Header::parse(&head).with_context(|| origin.clone())?;
                     let offset = a.at + header.data_offset;
-                    (header, Rows::File { file, offset }, meta.len().saturating_sub(offset))
+                    (
+                        header,
+                        Rows::File { file, offset },
+                        meta.len().saturating_sub(offset),
+                    )
                 }
                 Some((compressed, size)) => {
                     inflated_total = inflated_total.saturating_add(size);
@@ -459,16 +471,26 @@ fn inflate(file: &std::fs::File, at: u64, compressed: u64, size: u64) -> Result<
 }
 
 fn le16(b: &[u8], at: usize) -> Result<u64> {
-    Ok(u16::from_le_bytes(b.get(at..at + 2).context("zip record cut short")?.try_into()?) as u64)
+    Ok(u16::from_le_bytes(
+        b.get(at..at + 2)
+            .context("zip record cut short")?
+            .try_into()?,
+    ) as u64)
 }
 
 fn le32(b: &[u8], at: usize) -> Result<u64> {
-    Ok(u32::from_le_bytes(b.get(at..at + 4).context("zip record cut short")?.try_into()?) as u64)
+    Ok(u32::from_le_bytes(
+        b.get(at..at + 4)
+            .context("zip record cut short")?
+            .try_into()?,
+    ) as u64)
 }
 
 fn le64(b: &[u8], at: usize) -> Result<u64> {
     Ok(u64::from_le_bytes(
-        b.get(at..at + 8).context("zip record cut short")?.try_into()?,
+        b.get(at..at + 8)
+            .context("zip record cut short")?
+            .try_into()?,
     ))
 }
 
@@ -492,7 +514,10 @@ fn zip_members(path: &Path) -> Result<Vec<Found>> {
     // Zip64: its locator sits just before the record.
     if (entries == 0xffff || cd_size == 0xffff_ffff || cd_offset == 0xffff_ffff) && eocd >= 20 {
         let loc = eocd - 20;
-        ensure!(tail[loc..].starts_with(b"PK\x06\x07"), "zip64 locator missing");
+        ensure!(
+            tail[loc..].starts_with(b"PK\x06\x07"),
+            "zip64 locator missing"
+        );
         let at = le64(&tail, loc + 8)?;
         let mut rec = [0u8; 56];
         file.read_exact_at(&mut rec, at)?;
@@ -510,7 +535,10 @@ fn zip_members(path: &Path) -> Result<Vec<Found>> {
     let mut out = vec![];
     let mut p = 0usize;
     for _ in 0..entries.min(1 << 16) {
-        ensure!(cd.get(p..p + 4) == Some(b"PK\x01\x02"), "zip entry malformed");
+        ensure!(
+            cd.get(p..p + 4) == Some(b"PK\x01\x02"),
+            "zip entry malformed"
+        );
         let method = le16(&cd, p + 10)?;
         let mut compressed = le32(&cd, p + 20)?;
         let mut uncompressed = le32(&cd, p + 24)?;
@@ -653,8 +681,7 @@ mod tests {
         } else {
             format!("({})", dims.join(", "))
         };
-        let mut h =
-            format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+        let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
         while (10 + h.len() + 1) % 64 != 0 {
             h.push(' ');
         }
@@ -696,7 +723,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let x: Vec<u8> = (0..4 * 2 * 3).map(|i| i as u8).collect();
         std::fs::write(dir.path().join("x.npy"), npy("|u1", &[4, 2, 3], &x)).unwrap();
-        let y: Vec<u8> = [7i64, 8, 9, 10].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let y: Vec<u8> = [7i64, 8, 9, 10]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
         std::fs::write(dir.path().join("y.npy"), npy("<i8", &[4], &y)).unwrap();
         assert!(Npy.recognizes(dir.path()));
         let s = NpySource::open(dir.path(), &[]).unwrap();

@@ -1,0 +1,729 @@
+//! Hugging Face datasets as `save_to_disk` writes them (`kind = "hf"`): a folder with
+//! `state.json` and Arrow IPC *stream* files (`data-0000k-of-0000n.arrow`), or a `DatasetDict`
+//! folder (`dataset_dict.json`, a subfolder per split), or the library's cache folder
+//! (`NAME-SPLIT(-0000k-of-0000n).arrow`). Columns are fields: `Image()` columns (a struct of
+//! the file's bytes and a path) through the image pipeline; numbers (ClassLabel is int64) as
+//! scalars of their type; lists of numbers (`Sequence`, `Array2D`...) as arrays of their type,
+//! their shape from the row. Other columns (text, audio, nested) are left out and listed.
+//!
+//! A stream file has no footer: its message headers are scanned once at open (a few bytes
+//! each; bodies are skipped), then a record batch is read and decoded when its rows are
+//! asked for. The granule is the record batch (at most `MAX_GRANULE` rows of it).
+
+use super::{file_version, Format, Opened, Provenance, RawSample, RawSource, Stamp};
+use crate::config::keys::keys_of;
+use crate::config::{DatasetConfig, ImageMode, Limits, TrainCrop};
+use crate::fields::{DType, FieldSpec, Resample, Schema, Value};
+use crate::pipeline::{FieldOp, Preprocess, Resize};
+use anyhow::{bail, ensure, Context, Result};
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef};
+use arrow_schema::DataType;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Hugging Face `save_to_disk` folders and cache folders (`kind = "hf"`).
+pub struct Hf;
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DatasetKeys {
+    /// The split of a `DatasetDict` or a cache folder (default: "train").
+    #[serde(default)]
+    split: Option<String>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FieldKeys {
+    /// The column (default: the field's name).
+    #[serde(default)]
+    column: Option<String>,
+}
+
+impl Format for Hf {
+    fn name(&self) -> &'static str {
+        "hf"
+    }
+
+    fn recognizes(&self, path: &Path) -> bool {
+        path.join("state.json").is_file() || path.join("dataset_dict.json").is_file()
+    }
+
+    fn dataset_keys(&self) -> Vec<&'static str> {
+        keys_of::<DatasetKeys>()
+    }
+
+    fn field_keys(&self) -> Vec<&'static str> {
+        keys_of::<FieldKeys>()
+    }
+
+    fn check(&self, c: &DatasetConfig) -> Result<()> {
+        let _: DatasetKeys = super::dataset_options(self, c)?;
+        for f in &c.fields {
+            let _: FieldKeys = super::field_options(self, f)?;
+            ensure!(
+                f.pair.is_none(),
+                "field {:?}: `pair` is not read for kind hf",
+                f.name
+            );
+        }
+        let crop = c.crop_size(self.default_crop());
+        let kept = c.kept_size(crop);
+        ensure!(
+            kept == 0 || crop.is_none_or(|c| kept >= c),
+            "need crop <= resize (crop = {}, resize = {kept})",
+            crop.unwrap_or(0)
+        );
+        Ok(())
+    }
+
+    fn default_crop(&self) -> Option<u32> {
+        None
+    }
+
+    fn default_train_crop(&self) -> TrainCrop {
+        TrainCrop::RandomResized
+    }
+
+    fn open(&self, c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
+        let keys: DatasetKeys = super::dataset_options(self, c)?;
+        let files = arrow_files(&c.path, keys.split.as_deref().unwrap_or("train"))?;
+        let wanted: Vec<(crate::config::FieldConfig, String)> = c
+            .fields
+            .iter()
+            .map(|f| {
+                let k: FieldKeys = super::field_options(self, f)?;
+                Ok((f.clone(), k.column.unwrap_or_else(|| f.name.clone())))
+            })
+            .collect::<Result<_>>()?;
+        let mut source = HfSource::open(&c.path, files, &wanted)?;
+        source.max_value_bytes = limits.max_sample_bytes;
+        let resize = Resize {
+            shorter: c.kept_size(c.crop_size(self.default_crop())),
+            max_size: c.max_size,
+            square: c.square,
+        };
+        let mut ops = vec![];
+        let mut specs = vec![];
+        for col in &source.columns {
+            match &col.kind {
+                Kind::Image => {
+                    let mode = col.mode.unwrap_or(ImageMode::Rgb);
+                    let resample = match mode {
+                        ImageMode::Index => Resample::Nearest,
+                        _ => c.interpolation.unwrap_or(Resample::Linear),
+                    };
+                    let op = FieldOp::Decode {
+                        mode,
+                        scale: 1,
+                        resample,
+                    };
+                    specs.push(op.field(&col.field, &resize));
+                    ops.push(op);
+                }
+                Kind::Numbers { dtype, dims } => {
+                    specs.push(FieldSpec::new(&col.field, *dtype, dims.clone()));
+                    ops.push(FieldOp::Keep);
+                }
+            }
+        }
+        let any_image = source.columns.iter().any(|c| matches!(c.kind, Kind::Image));
+        let preprocess = if any_image {
+            Preprocess::Images { ops, resize }
+        } else {
+            Preprocess::Identity
+        };
+        Ok(Opened {
+            source: Box::new(source),
+            preprocess,
+            schema: Schema::new(specs)?,
+            format: &Hf,
+        })
+    }
+}
+
+/// The Arrow files of the dataset at `path`, in order.
+fn arrow_files(path: &Path, split: &str) -> Result<Vec<PathBuf>> {
+    if path.join("dataset_dict.json").is_file() {
+        let dict: serde_json::Value = serde_json::from_slice(&super::read_capped(
+            &path.join("dataset_dict.json"),
+            1 << 20,
+        )?)
+        .context("dataset_dict.json")?;
+        let splits: Vec<&str> = dict["splits"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|s| s.as_str()).collect())
+            .unwrap_or_default();
+        ensure!(
+            splits.contains(&split),
+            "{}: no split {split:?} (it has: {}); give `split`",
+            path.display(),
+            splits.join(", ")
+        );
+        ensure!(!split.contains('/') && split != "..", "split {split:?}");
+        return arrow_files(&path.join(split), split);
+    }
+    if path.join("state.json").is_file() {
+        let state: serde_json::Value =
+            serde_json::from_slice(&super::read_capped(&path.join("state.json"), 1 << 20)?)
+                .context("state.json")?;
+        let files: Vec<PathBuf> = state["_data_files"]
+            .as_array()
+            .context("state.json has no _data_files")?
+            .iter()
+            .map(|f| {
+                let name = f["filename"]
+                    .as_str()
+                    .context("a data file without a filename")?;
+                ensure!(
+                    !name.contains('/') && name.ends_with(".arrow"),
+                    "data file {name:?}"
+                );
+                Ok(path.join(name))
+            })
+            .collect::<Result<_>>()?;
+        ensure!(!files.is_empty(), "{}: no data files", path.display());
+        return Ok(files);
+    }
+    // The library's cache folder: NAME-SPLIT.arrow or NAME-SPLIT-0000k-of-0000n.arrow.
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+        .with_context(|| format!("reading folder {}", path.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            let Some(stem) = name.strip_suffix(".arrow") else {
+                return false;
+            };
+            let shard = stem
+                .rsplit_once("-of-")
+                .and_then(|(a, _)| a.rsplit_once('-'));
+            let base = shard.map_or(stem, |(b, _)| b);
+            base.ends_with(&format!("-{split}"))
+        })
+        .collect();
+    files.sort();
+    ensure!(
+        !files.is_empty(),
+        "{}: no state.json or dataset_dict.json, and no cache files of split {split:?}",
+        path.display()
+    );
+    Ok(files)
+}
+
+/// What a column is served as.
+#[derive(Debug, Clone)]
+enum Kind {
+    /// `Image()`: the file's bytes, decoded by the image pipeline.
+    Image,
+    /// Numbers: a scalar, or lists of them with these dims (None: varies by row).
+    Numbers {
+        dtype: DType,
+        dims: Vec<Option<u32>>,
+    },
+}
+
+struct Column {
+    field: String,
+    /// Its index in the files' schema.
+    index: usize,
+    kind: Kind,
+    mode: Option<ImageMode>,
+}
+
+/// A record batch: which file, where its message is, and its rows.
+struct Batch {
+    file: usize,
+    meta_at: u64,
+    meta_len: u64,
+    body_at: u64,
+    body_len: u64,
+    first_row: u64,
+    rows: u64,
+}
+
+pub struct HfSource {
+    path: PathBuf,
+    files: Vec<(PathBuf, std::fs::File, Stamp)>,
+    schema: arrow_schema::SchemaRef,
+    columns: Vec<Column>,
+    batches: Vec<Batch>,
+    len: u64,
+    granule: u64,
+    access: Arc<[PathBuf]>,
+    /// Left out: (column, why).
+    skipped: Vec<(String, String)>,
+    max_value_bytes: u64,
+}
+
+/// What column `field` is served as, or why it is left out. An `ArrayND` column's shape is
+/// in its extension metadata (`[[2, 3], "float32"]`): its dims are fixed from there.
+fn kind_of(field: &arrow_schema::Field) -> Result<Kind, String> {
+    let mut kind = kind_of_type(field.data_type())?;
+    if let (Kind::Numbers { dims, .. }, Some(meta)) =
+        (&mut kind, field.metadata().get("ARROW:extension:metadata"))
+    {
+        let shape: Option<Vec<u32>> = serde_json::from_str::<serde_json::Value>(meta)
+            .ok()
+            .and_then(|v| v.get(0).cloned())
+            .and_then(|v| serde_json::from_value(v).ok());
+        if let Some(shape) = shape.filter(|s| s.len() == dims.len()) {
+            *dims = shape.into_iter().map(Some).collect();
+        }
+    }
+    Ok(kind)
+}
+
+/// What a column of type `t` is served as, or why it is left out.
+fn kind_of_type(t: &DataType) -> Result<Kind, String> {
+    let scalar = |t: &DataType| -> Option<DType> {
+        Some(match t {
+            DataType::Boolean | DataType::UInt8 => DType::Uint8,
+            DataType::Int8 => DType::Int8,
+            DataType::UInt16 => DType::Uint16,
+            DataType::Int16 => DType::Int16,
+            DataType::UInt32 => DType::Uint32,
+            DataType::Int32 => DType::Int32,
+            DataType::UInt64 => DType::Uint64,
+            DataType::Int64 => DType::Int64,
+            DataType::Float16 => DType::Float16,
+            DataType::Float32 => DType::Float32,
+            DataType::Float64 => DType::Float64,
+            _ => return None,
+        })
+    };
+    if let DataType::Struct(f) = t {
+        let bytes = f.iter().find(|f| f.name() == "bytes");
+        if bytes.is_some_and(|b| matches!(b.data_type(), DataType::Binary | DataType::LargeBinary))
+        {
+            return Ok(Kind::Image);
+        }
+        return Err("a struct that is not an image".into());
+    }
+    let mut dims = vec![];
+    let mut t = t;
+    loop {
+        match t {
+            DataType::List(f) | DataType::LargeList(f) => {
+                dims.push(None);
+                t = f.data_type();
+            }
+            DataType::FixedSizeList(f, n) => {
+                dims.push(Some(*n as u32));
+                t = f.data_type();
+            }
+            _ => break,
+        }
+    }
+    match scalar(t) {
+        Some(dtype) if dims.len() <= 6 => Ok(Kind::Numbers { dtype, dims }),
+        Some(_) => Err("lists nested over 6 deep".into()),
+        None => Err(format!(
+            "{t} values (text, audio and the like are not served)"
+        )),
+    }
+}
+
+impl HfSource {
+    fn open(
+        path: &Path,
+        paths: Vec<PathBuf>,
+        wanted: &[(crate::config::FieldConfig, String)],
+    ) -> Result<HfSource> {
+        let mut files = vec![];
+        let mut batches = vec![];
+        let mut schema: Option<arrow_schema::SchemaRef> = None;
+        let mut len = 0u64;
+        for (k, p) in paths.iter().enumerate() {
+            let file = crate::access::open_no_magiclinks(p, libc::O_NONBLOCK)
+                .with_context(|| format!("opening {}", p.display()))?;
+            let meta = file.metadata()?;
+            ensure!(meta.is_file(), "{} is not a regular file", p.display());
+            let s = scan(&file, meta.len(), k, &mut len, &mut batches)
+                .with_context(|| format!("reading Arrow stream {}", p.display()))?;
+            match &schema {
+                None => schema = Some(Arc::new(s)),
+                Some(first) => ensure!(
+                    first.fields() == s.fields(),
+                    "{} has other columns than {}",
+                    p.display(),
+                    paths[0].display()
+                ),
+            }
+            files.push((p.clone(), file, Stamp::of_metadata(&meta)));
+        }
+        let schema = schema.context("no Arrow files")?;
+        let mut columns = vec![];
+        let mut skipped = vec![];
+        if wanted.is_empty() {
+            for (index, f) in schema.fields().iter().enumerate() {
+                match kind_of(f) {
+                    Ok(kind) => columns.push(Column {
+                        field: f.name().clone(),
+                        index,
+                        kind,
+                        mode: None,
+                    }),
+                    Err(why) => skipped.push((f.name().clone(), why)),
+                }
+            }
+        } else {
+            for (fc, name) in wanted {
+                let (index, f) = schema.column_with_name(name).with_context(|| {
+                    format!(
+                        "field {:?}: no column {name:?} (columns: {})",
+                        fc.name,
+                        schema
+                            .fields()
+                            .iter()
+                            .map(|f| f.name().as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                })?;
+                let kind = kind_of(f).map_err(|why| {
+                    anyhow::anyhow!("field {:?}: column {name:?} is {why}", fc.name)
+                })?;
+                ensure!(
+                    fc.mode.is_none() || matches!(kind, Kind::Image),
+                    "field {:?}: `mode` is for image columns",
+                    fc.name
+                );
+                columns.push(Column {
+                    field: fc.name.clone(),
+                    index,
+                    kind,
+                    mode: fc.mode,
+                });
+            }
+        }
+        ensure!(
+            !columns.is_empty(),
+            "{}: no column larder serves (left out: {})",
+            path.display(),
+            skipped
+                .iter()
+                .map(|(c, why)| format!("{c}: {why}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+        if !skipped.is_empty() {
+            tracing::info!(dataset = %path.display(), ?skipped, "columns left out");
+        }
+        // Rows of a batch, up to the largest share of it the store may ask for at once.
+        let most = batches.iter().map(|b| b.rows).max().unwrap_or(1);
+        let granule = (1..=most.min(super::MAX_GRANULE))
+            .rev()
+            .find(|g| most % g == 0)
+            .unwrap_or(1);
+        let mut access = vec![path.to_path_buf()];
+        access.extend(paths.iter().cloned());
+        Ok(HfSource {
+            path: path.to_path_buf(),
+            files,
+            schema,
+            columns,
+            batches,
+            len,
+            granule,
+            access: access.into(),
+            skipped,
+            max_value_bytes: u64::MAX,
+        })
+    }
+
+    /// Record batch `b`, its columns decoded (only those served).
+    fn batch(&self, b: &Batch) -> Result<arrow_array::RecordBatch> {
+        let file = &self.files[b.file].1;
+        let max = self.max_value_bytes.saturating_mul(super::MAX_GRANULE);
+        ensure!(
+            b.body_len <= max && b.meta_len <= 16 << 20,
+            "a record batch of {} bytes",
+            b.body_len
+        );
+        let mut meta = vec![0u8; b.meta_len as usize];
+        file.read_exact_at(&mut meta, b.meta_at)?;
+        let message = arrow_ipc::root_as_message(&meta)
+            .map_err(|e| anyhow::anyhow!("a record batch's header: {e}"))?;
+        let rb = message
+            .header_as_record_batch()
+            .context("not a record batch")?;
+        let mut body = vec![0u8; b.body_len as usize];
+        file.read_exact_at(&mut body, b.body_at)?;
+        let projection: Vec<usize> = self.columns.iter().map(|c| c.index).collect();
+        let decoded = arrow_ipc::reader::read_record_batch(
+            &arrow_buffer::Buffer::from(body),
+            rb,
+            self.schema.clone(),
+            &Default::default(),
+            Some(&projection),
+            &message.version(),
+        )?;
+        ensure!(
+            decoded.num_rows() as u64 == b.rows,
+            "rows differ from the header's"
+        );
+        Ok(decoded)
+    }
+}
+
+/// Scans the Arrow stream in `file`: its schema, and each record batch's place (appended to
+/// `batches`, numbered from `len` on).
+fn scan(
+    file: &std::fs::File,
+    size: u64,
+    index: usize,
+    len: &mut u64,
+    batches: &mut Vec<Batch>,
+) -> Result<arrow_schema::Schema> {
+    let mut at = 0u64;
+    let mut schema = None;
+    loop {
+        let mut word = [0u8; 4];
+        if at + 4 > size {
+            break;
+        }
+        file.read_exact_at(&mut word, at)?;
+        at += 4;
+        let mut meta_len = u32::from_le_bytes(word) as u64;
+        if meta_len == 0xffff_ffff {
+            file.read_exact_at(&mut word, at)?;
+            at += 4;
+            meta_len = u32::from_le_bytes(word) as u64;
+        }
+        if meta_len == 0 {
+            break;
+        }
+        ensure!(
+            meta_len <= 16 << 20 && at + meta_len <= size,
+            "a message header of {meta_len} bytes at {at}"
+        );
+        let mut meta = vec![0u8; meta_len as usize];
+        file.read_exact_at(&mut meta, at)?;
+        let message = arrow_ipc::root_as_message(&meta)
+            .map_err(|e| anyhow::anyhow!("a message header at {at}: {e}"))?;
+        let body_len = u64::try_from(message.bodyLength()).context("a negative body length")?;
+        let body_at = at + meta_len;
+        ensure!(
+            body_at.checked_add(body_len).is_some_and(|e| e <= size),
+            "a message body runs past the end of the file"
+        );
+        match message.header_type() {
+            arrow_ipc::MessageHeader::Schema => {
+                ensure!(schema.is_none(), "a second schema");
+                let s = message.header_as_schema().context("a schema")?;
+                schema = Some(arrow_ipc::convert::try_fb_to_schema(s)?);
+            }
+            arrow_ipc::MessageHeader::RecordBatch => {
+                ensure!(schema.is_some(), "a record batch before the schema");
+                let rb = message.header_as_record_batch().context("a record batch")?;
+                let rows = u64::try_from(rb.length()).context("a negative row count")?;
+                if rows > 0 {
+                    batches.push(Batch {
+                        file: index,
+                        meta_at: at,
+                        meta_len,
+                        body_at,
+                        body_len,
+                        first_row: *len,
+                        rows,
+                    });
+                    *len += rows;
+                }
+            }
+            arrow_ipc::MessageHeader::DictionaryBatch => {
+                bail!("dictionary-encoded columns are not read (save_to_disk writes none)")
+            }
+            other => bail!("an unexpected {other:?} message"),
+        }
+        at = body_at + body_len;
+    }
+    schema.context("no schema")
+}
+
+/// Row `row` of `array`, as larder serves the column's kind.
+fn value_of(array: &ArrayRef, row: usize, kind: &Kind) -> Result<Value> {
+    ensure!(!array.is_null(row), "the value is missing (null)");
+    match kind {
+        Kind::Image => {
+            let s = array.as_struct();
+            let bytes = s.column_by_name("bytes").context("no bytes")?;
+            ensure!(
+                !bytes.is_null(row),
+                "the image is stored as a path only, not its bytes"
+            );
+            let data = match bytes.data_type() {
+                DataType::Binary => bytes.as_binary::<i32>().value(row).to_vec(),
+                _ => bytes.as_binary::<i64>().value(row).to_vec(),
+            };
+            Ok(Value::new(vec![], data))
+        }
+        Kind::Numbers { dtype, .. } => {
+            let mut dims = vec![];
+            let leaf = flatten(array.slice(row, 1), &mut dims)?;
+            let data = leaf_bytes(&leaf, *dtype)?;
+            Ok(Value::new(dims, data))
+        }
+    }
+}
+
+/// The numbers under `a` (one row, or the rows of a level below), with each list level's
+/// length pushed to `dims` (every list of a level the same length).
+fn flatten(a: ArrayRef, dims: &mut Vec<u32>) -> Result<ArrayRef> {
+    ensure!(a.null_count() == 0, "a value is missing (null)");
+    let (offsets, values): (Vec<usize>, ArrayRef) = match a.data_type() {
+        DataType::List(_) => {
+            let l = a.as_list::<i32>();
+            (
+                l.offsets().iter().map(|&o| o as usize).collect(),
+                l.values().clone(),
+            )
+        }
+        DataType::LargeList(_) => {
+            let l = a.as_list::<i64>();
+            (
+                l.offsets().iter().map(|&o| o as usize).collect(),
+                l.values().clone(),
+            )
+        }
+        DataType::FixedSizeList(_, n) => {
+            let l = a.as_fixed_size_list();
+            let n = *n as usize;
+            let start = l.offset();
+            (
+                (0..=l.len()).map(|i| (start + i) * n).collect(),
+                l.values().clone(),
+            )
+        }
+        _ => return Ok(a),
+    };
+    let lens: Vec<usize> = offsets.windows(2).map(|w| w[1] - w[0]).collect();
+    let first = lens.first().copied().unwrap_or(0);
+    ensure!(
+        lens.iter().all(|&l| l == first),
+        "rows of a list differ in length ({} and {first}): not an array",
+        lens.iter().find(|&&l| l != first).unwrap_or(&0)
+    );
+    dims.push(u32::try_from(first)?);
+    let (lo, hi) = (offsets[0], *offsets.last().unwrap_or(&0));
+    ensure!(hi <= values.len() && lo <= hi, "list offsets out of range");
+    flatten(values.slice(lo, hi - lo), dims)
+}
+
+/// The bytes of a leaf array of numbers, as `dtype` (bools as 0/1).
+fn leaf_bytes(a: &ArrayRef, dtype: DType) -> Result<Vec<u8>> {
+    ensure!(a.null_count() == 0, "a value is missing (null)");
+    if let DataType::Boolean = a.data_type() {
+        let b = a.as_boolean();
+        return Ok((0..b.len()).map(|i| b.value(i) as u8).collect());
+    }
+    let data = a.to_data();
+    let size = dtype.size();
+    ensure!(
+        data.data_type().primitive_width() == Some(size),
+        "a {} column read as {dtype:?}",
+        data.data_type()
+    );
+    let buf = data.buffers().first().context("no values")?;
+    let (from, n) = (data.offset() * size, data.len() * size);
+    Ok(buf
+        .as_slice()
+        .get(from..from + n)
+        .context("values out of range")?
+        .to_vec())
+}
+
+impl RawSource for HfSource {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_range(&self, start: u64, count: u64) -> Result<Vec<RawSample>> {
+        let end = start
+            .checked_add(count)
+            .filter(|&e| e <= self.len)
+            .with_context(|| format!("samples {start}..+{count} of {}", self.len))?;
+        let mut out = Vec::with_capacity(count as usize);
+        let first = self
+            .batches
+            .partition_point(|b| b.first_row + b.rows <= start);
+        for b in &self.batches[first..] {
+            if b.first_row >= end {
+                break;
+            }
+            let decoded = self
+                .batch(b)
+                .map_err(|e| self.changed().map_or(e, super::changed_error))
+                .with_context(|| format!("reading {}", self.files[b.file].0.display()))?;
+            let (lo, hi) = (start.max(b.first_row), end.min(b.first_row + b.rows));
+            for i in lo..hi {
+                let row = (i - b.first_row) as usize;
+                let sample = self
+                    .columns
+                    .iter()
+                    .enumerate()
+                    .map(|(k, c)| {
+                        value_of(decoded.column(k), row, &c.kind)
+                            .with_context(|| format!("column {:?} of row {i}", c.field))
+                    })
+                    .collect::<Result<RawSample>>()?;
+                out.push(sample);
+            }
+        }
+        if let Some(why) = self.changed() {
+            return Err(super::changed_error(why));
+        }
+        Ok(out)
+    }
+
+    fn read_granule(&self) -> u64 {
+        self.granule
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        self.batches.iter().map(|b| b.body_len).sum()
+    }
+
+    fn disk_bytes_of(&self, index: u64) -> u64 {
+        let k = self
+            .batches
+            .partition_point(|b| b.first_row + b.rows <= index);
+        self.batches
+            .get(k)
+            .map_or(0, |b| b.body_len / b.rows.max(1))
+    }
+
+    fn describe(&self) -> String {
+        let names: Vec<&str> = self.columns.iter().map(|c| c.field.as_str()).collect();
+        let mut d = format!("hf:{}#{}", self.path.display(), names.join(","));
+        if !self.skipped.is_empty() {
+            let left: Vec<String> = self
+                .skipped
+                .iter()
+                .map(|(c, why)| format!("{c} ({why})"))
+                .collect();
+            d.push_str(&format!(" (left out: {})", left.join(", ")));
+        }
+        d
+    }
+}
+
+impl Provenance for HfSource {
+    fn version(&self) -> String {
+        let v: Vec<String> = self.files.iter().map(|(p, _, _)| file_version(p)).collect();
+        v.join("|")
+    }
+
+    fn changed(&self) -> Option<String> {
+        self.files.iter().find_map(|(p, _, s)| s.changed(p))
+    }
+
+    fn files(&self) -> Arc<[PathBuf]> {
+        self.access.clone()
+    }
+
+    fn root(&self) -> &Path {
+        &self.path
+    }
+}
