@@ -404,10 +404,21 @@ mod tests {
             ("images", "crop=0\n[dataset.train]", "needs `crop`"),
             ("images", "crop=0\ncrop_pct=0.9", "crop_pct"),
             (
-                "hf",
+                "parquet",
                 "",
-                "kind \"hf\" is not one larder reads (it reads: images, hdf5)",
+                "kind \"parquet\" is not one larder reads (it reads: npy, hf, images, hdf5)",
             ),
+            (
+                "npy",
+                "[[dataset.field]]\nname=\"x\"\ncolumn=\"y\"",
+                "(it is for kind hf)",
+            ),
+            (
+                "hf",
+                "[[dataset.field]]\nname=\"x\"\narray=\"y\"",
+                "(it is for kind npy)",
+            ),
+            ("npy", "square=true", "NumPy arrays are served as stored"),
         ] {
             let err = error_of(kind, table);
             assert!(err.contains(says), "{kind} {table:?}: {err:?}");
@@ -430,6 +441,25 @@ mod tests {
     fn kinds_are_recognised_by_the_path() {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(recognize(dir.path()).unwrap().name(), "images");
+        for (file, kind) in [
+            ("x.npy", "npy"),
+            ("state.json", "hf"),
+            ("dataset_dict.json", "hf"),
+        ] {
+            let sub = dir.path().join(kind).join(file);
+            std::fs::create_dir_all(sub.parent().unwrap()).unwrap();
+            std::fs::write(&sub, b"").unwrap();
+            assert_eq!(
+                recognize(sub.parent().unwrap()).unwrap().name(),
+                kind,
+                "{file}"
+            );
+            std::fs::remove_file(&sub).unwrap();
+        }
+        let npz = dir.path().join("a.npz");
+        std::fs::write(&npz, b"").unwrap();
+        assert_eq!(recognize(&npz).unwrap().name(), "npy");
+        std::fs::remove_file(&npz).unwrap();
         let h5 = dir.path().join("data.bin");
         write_hdf5(&h5, "x", &[1, 1], &[7], None).unwrap();
         assert_eq!(recognize(&h5).unwrap().name(), "hdf5", "by its signature");

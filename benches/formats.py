@@ -1,0 +1,169 @@
+"""Cold epochs of the formats users keep their data in, larder against the format's own loader
+in a torch DataLoader with 2 workers doing the same decode, taking turns, in one run:
+
+- npy: `np.load(mmap_mode="r")` rows in a map-style Dataset, against larder's `kind = "npy"`;
+- hf: `load_from_disk(...).with_transform(...)` decoding each JPEG (PIL, as `datasets` does),
+  resizing the shorter side to 256 and cutting the 224 center (torchvision), against larder's
+  `kind = "hf"` eval pipeline (resize 256, crop 224).
+
+    PYTHONPATH=python .venv/bin/python benches/formats.py [--rounds 3] [--plot]
+
+larder runs with no scratch tier and a memory tier of a few MB: every epoch is cold for it
+too. Needs a built target/release/larderd and larder (or --debug), torch, torchvision and
+datasets.
+"""
+
+import argparse
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import results
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def binary(name: str, debug: bool) -> str:
+    path = REPO / "target" / ("debug" if debug else "release") / name
+    if not path.exists():
+        sys.exit(f"{path} is missing: cargo build {'' if debug else '--release '}first")
+    return str(path)
+
+
+def make_npy(root: pathlib.Path, n: int) -> None:
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True)
+    np.save(root / "image.npy", rng.integers(0, 256, (n, 3, 64, 64), dtype=np.uint8))
+    np.save(root / "label.npy", np.arange(n, dtype=np.int64) % 10)
+
+
+def make_hf(root: pathlib.Path, n: int) -> None:
+    import io
+
+    import datasets
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    images = []
+    for i in range(n):
+        y, x = np.mgrid[0:375, 0:500]
+        base = (x * (i % 7 + 1) / 4 + y * (i % 5 + 1) / 3) % 256
+        img = np.stack([base, base[::-1], base[:, ::-1]], -1) + rng.normal(0, 12, (375, 500, 3))
+        buf = io.BytesIO()
+        Image.fromarray(img.clip(0, 255).astype("uint8")).save(buf, format="JPEG", quality=90)
+        images.append({"bytes": buf.getvalue(), "path": None})
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=10)})
+    ds = datasets.Dataset.from_dict({"image": images, "label": [i % 10 for i in range(n)]}, features=features)
+    ds.save_to_disk(str(root))
+
+
+class NpyRows:
+    def __init__(self, folder):
+        self.image = np.load(folder / "image.npy", mmap_mode="r")
+        self.label = np.load(folder / "label.npy", mmap_mode="r")
+
+    def __len__(self):
+        return len(self.label)
+
+    def __getitem__(self, i):
+        import torch
+
+        return torch.from_numpy(np.array(self.image[i])), int(self.label[i])
+
+
+def hf_eval(batch):
+    import torchvision.transforms as T
+
+    t = T.Compose([T.Resize(256), T.CenterCrop(224), T.PILToTensor()])
+    return {"image": [t(img.convert("RGB")) for img in batch["image"]], "label": batch["label"]}
+
+
+def loader_epoch(kind: str, path: pathlib.Path) -> float:
+    """Samples/s of one epoch through the library's own path in a DataLoader with 2 workers."""
+    import torch
+
+    if kind == "npy":
+        ds = NpyRows(path)
+    else:
+        import datasets
+
+        ds = datasets.load_from_disk(str(path)).with_transform(hf_eval)
+    dl = torch.utils.data.DataLoader(ds, batch_size=32, shuffle=True, num_workers=2,
+                                     collate_fn=None if kind == "npy" else (lambda rows: rows))
+    start, n = time.perf_counter(), 0
+    for b in dl:
+        n += len(b[1]) if kind == "npy" else len(b)
+    return n / (time.perf_counter() - start)
+
+
+def larder_epoch(larder: str, socket: pathlib.Path, name: str) -> float:
+    out = subprocess.run([larder, "--addr", f"unix:{socket}", "bench", name, "--epochs", "1",
+                          "--clients", "1", "--batch-size", "32"], capture_output=True, text=True, timeout=900)
+    m = re.search(r"epoch 0: \d+ samples in [\d.]+s = (\d+) samples/s", out.stdout)
+    if out.returncode != 0 or not m:
+        sys.exit(f"larder bench {name}: {out.stdout}{out.stderr}")
+    return float(m.group(1))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rows", type=int, default=20000, help="rows of the npy arrays")
+    p.add_argument("--images", type=int, default=600, help="JPEGs of the hf dataset")
+    p.add_argument("--debug", action="store_true")
+    results.add_options(p)
+    args = p.parse_args()
+    larderd, larder = binary("larderd", args.debug), binary("larder", args.debug)
+    daemon = None
+    runs = {(k, w): [] for k in ("npy", "hf") for w in ("larder", "loader")}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = pathlib.Path(tmp)
+        print(f"making {args.rows} npy rows and {args.images} JPEGs in a save_to_disk folder...", flush=True)
+        make_npy(root / "npy", args.rows)
+        make_hf(root / "hf", args.images)
+        socket = root / "larder.sock"
+        config = root / "larder.toml"
+        config.write_text(
+            f'unix_socket = "{socket}"\n[scratch]\nenabled = false\n[memory]\nbudget_bytes = 33554432\n'
+            f'[[dataset]]\nname = "npy"\npath = "{root / "npy"}"\n'
+            f'[[dataset]]\nname = "hf"\npath = "{root / "hf"}"\nresize = 256\ncrop = 224\n')
+        try:
+            daemon = subprocess.Popen([larderd, "--config", str(config)], stderr=subprocess.DEVNULL)
+            deadline = time.time() + 60
+            while not socket.exists():
+                if time.time() > deadline or daemon.poll() is not None:
+                    sys.exit("larderd did not start")
+                time.sleep(0.05)
+            time.sleep(1)
+            for r in range(args.rounds):
+                order = list(runs) if r % 2 == 0 else list(runs)[::-1]
+                for kind, who in order:
+                    path = root / kind
+                    v = larder_epoch(larder, socket, kind) if who == "larder" else loader_epoch(kind, path)
+                    runs[(kind, who)].append(v)
+                print(f"round {r + 1}: " + ", ".join(f"{k}/{w} {v[-1]:.0f}/s" for (k, w), v in runs.items()),
+                      flush=True)
+        finally:
+            if daemon is not None:
+                daemon.terminate()
+                daemon.wait()
+    rows = []
+    for kind in ("npy", "hf"):
+        a, b = statistics.median(runs[(kind, "larder")]), statistics.median(runs[(kind, "loader")])
+        rows.append({"format": kind, "larder_per_s": a, "loader_per_s": b, "larder_vs_loader": a / b,
+                     "larder_rounds": runs[(kind, "larder")], "loader_rounds": runs[(kind, "loader")]})
+    print(f"\n{'format':<6} {'larder/s':>9} {'own loader/s':>13} {'ratio':>7}")
+    for r in rows:
+        print(f"{r['format']:<6} {r['larder_per_s']:>9.0f} {r['loader_per_s']:>13.0f} {r['larder_vs_loader']:>6.2f}x")
+    results.save("formats", args, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
