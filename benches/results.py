@@ -322,6 +322,16 @@ def plot_readers(data, ax):
     return "Read and decoded in the daemon or in a reader as the files' owner"
 
 
+def plot_formats(data, ax):
+    rows = data["rows"]
+    kinds = [r["format"] for r in rows]
+    _bars(ax, kinds, {"larder": [r["larder_per_s"] for r in rows],
+                      "the format's own loader (DataLoader, 2 workers)": [r["loader_per_s"] for r in rows]},
+          log=True)
+    ax.set_ylabel("samples/s, cold epoch (median of rounds)")
+    return "Cold epochs of NumPy and Hugging Face data: larder against each format's own loader"
+
+
 PLOTS = {
     "delivery": plot_delivery,
     "images": plot_images,
@@ -330,6 +340,7 @@ PLOTS = {
     "soak": plot_soak,
     "frameworks": plot_frameworks,
     "readers": plot_readers,
+    "formats": plot_formats,
 }
 
 
