@@ -155,11 +155,44 @@ def test_hugging_face_save_to_disk_is_served_as_the_library_reads_it(tmp_path):
             assert sorted(fields) == ["flag", "grid", "image", "label", "seq"]
             assert (fields["grid"].dtype, list(fields["grid"].shape)) == ("float32", [2, 3])
             assert (fields["label"].dtype, fields["seq"].dtype) == ("int64", "int16")
+            assert "(a row at a time)" not in info.source, "lists of numbers: whole batches"
+            assert "caption" in info.source, "the text column is listed as left out"
             check_hf_epoch(c, "hf", datasets.load_from_disk(str(path)))
             check_hf_epoch(c, "test", datasets.load_from_disk(str(tmp_path / "dict"))["test"])
             with pytest.raises(larder.LarderError, match='no split "val"'):
                 c.add_dataset("val", tmp_path / "dict", kind="hf", split="val")
             with pytest.raises(larder.LarderError, match="caption"):
                 c.add_dataset("text", path, kind="hf", field=[{"name": "caption"}])
+    finally:
+        d.stop()
+
+
+def test_hugging_face_images_and_labels_are_read_a_row_at_a_time(tmp_path):
+    """Images with plain-number columns are read straight from the batch's buffers, a row at a
+    time: the same bytes, a missing image a bad sample."""
+    datasets = pytest.importorskip("datasets")
+    ds = hf_dataset(29).remove_columns(["grid", "seq", "caption"])
+    rows = ds.to_dict()
+    rows["image"][7] = None
+    ds = datasets.Dataset.from_dict(rows, features=ds.features)
+    path = tmp_path / "plain"
+    ds.save_to_disk(str(path))
+    d = Daemon(tmp_path, f'[[dataset]]\nname = "plain"\npath = "{path}"\nresize = 0\ncrop = 0\n')
+    try:
+        with larder.Client(d.unix) as c:
+            truth = datasets.load_from_disk(str(path))
+            seen = []
+            for b in c.stream("plain", 8, seed=2):
+                for k, i in enumerate(b.sample_ids):
+                    row = truth[int(i)]
+                    hwc = np.asarray(row["image"].convert("RGB"))
+                    h, w = hwc.shape[:2]
+                    assert b["image"][k][:, :h, :w].transpose(1, 2, 0).tobytes() == hwc.tobytes(), i
+                    assert b["label"][k] == row["label"] and b["flag"][k] == int(row["flag"])
+                seen.extend(int(i) for i in b.sample_ids)
+            assert sorted(seen) == [i for i in range(29) if i != 7], "row 7 has no image"
+            assert "(a row at a time)" in c.dataset("plain").source
+            bad = c.bad_samples("plain")
+            assert [b.index for b in bad] == [7] and "missing" in bad[0].error, bad
     finally:
         d.stop()

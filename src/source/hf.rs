@@ -241,6 +241,12 @@ struct Batch {
     body_len: u64,
     first_row: u64,
     rows: u64,
+    /// Each array's (length, null count), depth first, as the header lists them.
+    nodes: Vec<(u64, u64)>,
+    /// Each buffer's (offset in the body, length), depth first.
+    buffers: Vec<(u64, u64)>,
+    /// The body's buffers are compressed (LZ4/ZSTD): read only whole.
+    compressed: bool,
 }
 
 pub struct HfSource {
@@ -254,6 +260,8 @@ pub struct HfSource {
     access: Arc<[PathBuf]>,
     /// Left out: (column, why).
     skipped: Vec<(String, String)>,
+    /// Where each served column's values are in a batch, when a row can be read alone.
+    direct: Option<Vec<Direct>>,
     max_value_bytes: u64,
 }
 
@@ -411,12 +419,20 @@ impl HfSource {
         if !skipped.is_empty() {
             tracing::info!(dataset = %path.display(), ?skipped, "columns left out");
         }
-        // Rows of a batch, up to the largest share of it the store may ask for at once.
+        // Images whose other fields are plain numbers are read a row at a time, straight from
+        // the batch's buffers (a decoded image is far larger than its bytes: a granule of a
+        // whole batch would decode 100 for one). Else rows of a batch, up to the largest share
+        // of it the store may ask for at once.
+        let direct = direct_layout(&schema, &columns, &batches);
         let most = batches.iter().map(|b| b.rows).max().unwrap_or(1);
-        let granule = (1..=most.min(super::MAX_GRANULE))
-            .rev()
-            .find(|g| most % g == 0)
-            .unwrap_or(1);
+        let granule = if direct.is_some() {
+            1
+        } else {
+            (1..=most.min(super::MAX_GRANULE))
+                .rev()
+                .find(|g| most % g == 0)
+                .unwrap_or(1)
+        };
         let mut access = vec![path.to_path_buf()];
         access.extend(paths.iter().cloned());
         Ok(HfSource {
@@ -429,6 +445,7 @@ impl HfSource {
             granule,
             access: access.into(),
             skipped,
+            direct,
             max_value_bytes: u64::MAX,
         })
     }
@@ -519,8 +536,27 @@ fn scan(
                 ensure!(schema.is_some(), "a record batch before the schema");
                 let rb = message.header_as_record_batch().context("a record batch")?;
                 let rows = u64::try_from(rb.length()).context("a negative row count")?;
+                let nodes = rb
+                    .nodes()
+                    .map(|n| {
+                        n.iter()
+                            .map(|n| (n.length().max(0) as u64, n.null_count().max(0) as u64))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let buffers = rb
+                    .buffers()
+                    .map(|b| {
+                        b.iter()
+                            .map(|b| (b.offset().max(0) as u64, b.length().max(0) as u64))
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 if rows > 0 {
                     batches.push(Batch {
+                        nodes,
+                        buffers,
+                        compressed: rb.compression().is_some(),
                         file: index,
                         meta_at: at,
                         meta_len,
@@ -540,6 +576,198 @@ fn scan(
         at = body_at + body_len;
     }
     schema.context("no schema")
+}
+
+/// How many buffers and array nodes a column of type `t` has in a record batch (depth first);
+/// None for types whose count this does not know (unions, views, run-end encoding).
+fn layout_of(t: &DataType) -> Option<(usize, usize)> {
+    Some(match t {
+        DataType::Null => (0, 1),
+        DataType::Binary | DataType::Utf8 | DataType::LargeBinary | DataType::LargeUtf8 => (3, 1),
+        DataType::Boolean | DataType::FixedSizeBinary(_) => (2, 1),
+        DataType::List(f) | DataType::LargeList(f) | DataType::Map(f, _) => {
+            let (b, n) = layout_of(f.data_type())?;
+            (2 + b, 1 + n)
+        }
+        DataType::FixedSizeList(f, _) => {
+            let (b, n) = layout_of(f.data_type())?;
+            (1 + b, 1 + n)
+        }
+        DataType::Struct(fs) => fs.iter().try_fold((1, 1), |(b, n), f| {
+            layout_of(f.data_type()).map(|(x, y)| (b + x, n + y))
+        })?,
+        t if t.primitive_width().is_some() => (2, 1),
+        _ => return None,
+    })
+}
+
+/// Where a served column's values are in every batch (indices into its nodes and buffers).
+#[derive(Debug, Clone)]
+enum Direct {
+    /// An image: the struct's node and validity, the `bytes` child's node, validity, offsets
+    /// (4 or 8 bytes each) and data.
+    Image {
+        node: usize,
+        validity: usize,
+        bytes_node: usize,
+        bytes_validity: usize,
+        offsets: usize,
+        data: usize,
+        wide: bool,
+    },
+    /// A scalar of `size` bytes (a bool: one bit).
+    Scalar {
+        node: usize,
+        validity: usize,
+        values: usize,
+        size: usize,
+        boolean: bool,
+    },
+}
+
+/// The direct layout of `columns`, when every one is an image or a plain scalar, there is an
+/// image among them, and every batch is uncompressed with the buffers the schema implies.
+fn direct_layout(
+    schema: &arrow_schema::Schema,
+    columns: &[Column],
+    batches: &[Batch],
+) -> Option<Vec<Direct>> {
+    if !columns.iter().any(|c| matches!(c.kind, Kind::Image)) {
+        return None;
+    }
+    // Each top-level field's first buffer and node.
+    let mut starts = vec![];
+    let (mut b, mut n) = (0, 0);
+    for f in schema.fields() {
+        starts.push((b, n));
+        let (x, y) = layout_of(f.data_type())?;
+        b += x;
+        n += y;
+    }
+    if batches
+        .iter()
+        .any(|batch| batch.compressed || batch.buffers.len() != b || batch.nodes.len() != n)
+    {
+        return None;
+    }
+    columns
+        .iter()
+        .map(|c| {
+            let (b, n) = starts[c.index];
+            let t = schema.field(c.index).data_type();
+            match (&c.kind, t) {
+                (Kind::Image, DataType::Struct(fs)) => {
+                    // The `bytes` child's place among the struct's children.
+                    let (mut cb, mut cn) = (b + 1, n + 1);
+                    for f in fs.iter() {
+                        if f.name() == "bytes" {
+                            return Some(Direct::Image {
+                                node: n,
+                                validity: b,
+                                bytes_node: cn,
+                                bytes_validity: cb,
+                                offsets: cb + 1,
+                                data: cb + 2,
+                                wide: matches!(f.data_type(), DataType::LargeBinary),
+                            });
+                        }
+                        let (x, y) = layout_of(f.data_type())?;
+                        cb += x;
+                        cn += y;
+                    }
+                    None
+                }
+                (Kind::Numbers { dtype, dims }, t) if dims.is_empty() => Some(Direct::Scalar {
+                    node: n,
+                    validity: b,
+                    values: b + 1,
+                    size: dtype.size(),
+                    boolean: matches!(t, DataType::Boolean),
+                }),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+impl Direct {
+    /// Row `row` of batch `b` of `file`, read alone.
+    fn read(&self, file: &std::fs::File, b: &Batch, row: u64, max: u64) -> Result<Value> {
+        // The bytes `at..at + len` of buffer `k`, checked against it.
+        let read = |k: usize, at: u64, len: u64| -> Result<Vec<u8>> {
+            let (offset, size) = *b.buffers.get(k).context("no such buffer")?;
+            ensure!(
+                at.checked_add(len).is_some_and(|e| e <= size)
+                    && offset.checked_add(size).is_some_and(|e| e <= b.body_len),
+                "bytes {at}..+{len} of a {size}-byte buffer"
+            );
+            let mut buf = vec![0u8; usize::try_from(len)?];
+            file.read_exact_at(&mut buf, b.body_at + offset + at)?;
+            Ok(buf)
+        };
+        // Whether the value is there: no nulls in the array, or its validity bit set.
+        let valid = |node: usize, validity: usize| -> Result<bool> {
+            let (_, nulls) = *b.nodes.get(node).context("no such node")?;
+            if nulls == 0 || b.buffers.get(validity).is_some_and(|v| v.1 == 0) {
+                return Ok(true);
+            }
+            Ok(read(validity, row / 8, 1)?[0] >> (row % 8) & 1 == 1)
+        };
+        match *self {
+            Direct::Image {
+                node,
+                validity,
+                bytes_node,
+                bytes_validity,
+                offsets,
+                data,
+                wide,
+            } => {
+                ensure!(valid(node, validity)?, "the value is missing (null)");
+                ensure!(
+                    valid(bytes_node, bytes_validity)?,
+                    "the image is stored as a path only, not its bytes"
+                );
+                let w = if wide { 8 } else { 4 };
+                let o = read(offsets, row * w, 2 * w)?;
+                let (from, to) = if wide {
+                    (
+                        u64::from_le_bytes(o[..8].try_into()?),
+                        u64::from_le_bytes(o[8..].try_into()?),
+                    )
+                } else {
+                    (
+                        u32::from_le_bytes(o[..4].try_into()?) as u64,
+                        u32::from_le_bytes(o[4..].try_into()?) as u64,
+                    )
+                };
+                ensure!(from <= to, "image offsets out of order");
+                ensure!(
+                    to - from <= max,
+                    "an image of {} bytes, over the {max} a sample may (limits.max_sample_bytes)",
+                    to - from
+                );
+                Ok(Value::new(vec![], read(data, from, to - from)?))
+            }
+            Direct::Scalar {
+                node,
+                validity,
+                values,
+                size,
+                boolean,
+            } => {
+                ensure!(valid(node, validity)?, "the value is missing (null)");
+                if boolean {
+                    let byte = read(values, row / 8, 1)?[0];
+                    return Ok(Value::new(vec![], vec![byte >> (row % 8) & 1]));
+                }
+                Ok(Value::new(
+                    vec![],
+                    read(values, row * size as u64, size as u64)?,
+                ))
+            }
+        }
+    }
 }
 
 /// Row `row` of `array`, as larder serves the column's kind.
@@ -645,6 +873,27 @@ impl RawSource for HfSource {
             .filter(|&e| e <= self.len)
             .with_context(|| format!("samples {start}..+{count} of {}", self.len))?;
         let mut out = Vec::with_capacity(count as usize);
+        if let Some(direct) = &self.direct {
+            for i in start..end {
+                let k = self.batches.partition_point(|b| b.first_row + b.rows <= i);
+                let b = &self.batches[k];
+                let file = &self.files[b.file].1;
+                let sample = direct
+                    .iter()
+                    .zip(&self.columns)
+                    .map(|(d, c)| {
+                        d.read(file, b, i - b.first_row, self.max_value_bytes)
+                            .with_context(|| format!("column {:?} of row {i}", c.field))
+                    })
+                    .collect::<Result<RawSample>>()
+                    .map_err(|e| self.changed().map_or(e, super::changed_error))?;
+                out.push(sample);
+            }
+            if let Some(why) = self.changed() {
+                return Err(super::changed_error(why));
+            }
+            return Ok(out);
+        }
         let first = self
             .batches
             .partition_point(|b| b.first_row + b.rows <= start);
@@ -697,6 +946,9 @@ impl RawSource for HfSource {
     fn describe(&self) -> String {
         let names: Vec<&str> = self.columns.iter().map(|c| c.field.as_str()).collect();
         let mut d = format!("hf:{}#{}", self.path.display(), names.join(","));
+        if self.direct.is_some() {
+            d.push_str(" (a row at a time)");
+        }
         if !self.skipped.is_empty() {
             let left: Vec<String> = self
                 .skipped
