@@ -133,7 +133,7 @@ def check_hf_epoch(client, name, ds):
             assert b["seq"][k][: len(row["seq"])].tobytes() == np.asarray(row["seq"], np.int16).tobytes()
             assert b["flag"][k] == int(row["flag"])
         seen.extend(int(i) for i in b.sample_ids)
-    assert sorted(seen) == list(range(len(ds))), "every sample exactly once"
+    assert sorted(seen) == list(range(len(ds))), ("every sample exactly once", client.bad_samples(name))
 
 
 def test_hugging_face_save_to_disk_is_served_as_the_library_reads_it(tmp_path):
@@ -194,5 +194,50 @@ def test_hugging_face_images_and_labels_are_read_a_row_at_a_time(tmp_path):
             assert "(a row at a time)" in c.dataset("plain").source
             bad = c.bad_samples("plain")
             assert [b.index for b in bad] == [7] and "missing" in bad[0].error, bad
+    finally:
+        d.stop()
+
+
+def test_parquet_shards_are_served_as_the_library_reads_them(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    data = tmp_path / "hub" / "data"
+    data.mkdir(parents=True)
+    ds = hf_dataset(41)
+    for k in range(2):
+        ds.shard(2, k, contiguous=True).to_parquet(str(data / f"train-0000{k}-of-00002.parquet"), batch_size=16)
+    shards = sorted(str(p) for p in data.glob("train-*.parquet"))
+    truth = datasets.load_dataset("parquet", data_files=shards, split="train", cache_dir=str(tmp_path / "cache"))
+    # Plain pyarrow: uint8 stored as INT32 annotated unsigned, row groups of 7.
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 256, 30, dtype=np.uint8)
+    v = [list(rng.integers(-9, 9, 3).astype(np.int32)) for _ in range(30)]
+    pq.write_table(pa.table({"x": pa.array(x), "v": pa.array(v, pa.list_(pa.int32())), "s": ["a"] * 30}),
+                   str(tmp_path / "plain.parquet"), row_group_size=7)
+    tables = (
+        f'[[dataset]]\nname = "hub"\nkind = "parquet"\npath = "{data}"\nresize = 0\ncrop = 0\n'
+        f'[[dataset]]\nname = "glob"\nkind = "parquet"\npath = "{data}/train-*.parquet"\nresize = 0\ncrop = 0\n'
+        f'[[dataset]]\nname = "plain"\npath = "{tmp_path / "plain.parquet"}"\n'
+    )
+    d = Daemon(tmp_path, tables)
+    try:
+        with larder.Client(d.unix) as c:
+            info = c.dataset("hub")
+            assert info.kind == "parquet"
+            fields = {f.name: f for f in info.fields}
+            assert (fields["grid"].dtype, list(fields["grid"].shape)) == ("float32", [2, 3])
+            check_hf_epoch(c, "hub", truth)
+            check_hf_epoch(c, "glob", truth)
+            assert c.dataset("plain").kind == "parquet"
+            seen = []
+            for b in c.stream("plain", 4, seed=1):
+                for k, i in enumerate(b.sample_ids):
+                    assert b["x"][k] == x[i] and b["x"][k].dtype == np.uint8
+                    assert b["v"][k][:3].tobytes() == np.asarray(v[i], np.int32).tobytes()
+                    assert "s" not in b
+                seen.extend(int(i) for i in b.sample_ids)
+            assert sorted(seen) == list(range(30))
     finally:
         d.stop()

@@ -100,48 +100,156 @@ impl Format for Hf {
             .collect::<Result<_>>()?;
         let mut source = HfSource::open(&c.path, files, &wanted)?;
         source.max_value_bytes = limits.max_sample_bytes;
-        let resize = Resize {
-            shorter: c.kept_size(c.crop_size(self.default_crop())),
-            max_size: c.max_size,
-            square: c.square,
-        };
-        let mut ops = vec![];
-        let mut specs = vec![];
-        for col in &source.columns {
-            match &col.kind {
-                Kind::Image => {
-                    let mode = col.mode.unwrap_or(ImageMode::Rgb);
-                    let resample = match mode {
-                        ImageMode::Index => Resample::Nearest,
-                        _ => c.interpolation.unwrap_or(Resample::Linear),
-                    };
-                    let op = FieldOp::Decode {
-                        mode,
-                        scale: 1,
-                        resample,
-                    };
-                    specs.push(op.field(&col.field, &resize));
-                    ops.push(op);
-                }
-                Kind::Numbers { dtype, dims } => {
-                    specs.push(FieldSpec::new(&col.field, *dtype, dims.clone()));
-                    ops.push(FieldOp::Keep);
-                }
+        opened(c, &source.columns.clone(), Box::new(source), &Hf)
+    }
+}
+
+/// A columnar dataset (hf, parquet) opened: its columns as fields, images through the image
+/// pipeline, numbers kept as read.
+pub(super) fn opened(
+    c: &DatasetConfig,
+    columns: &[Column],
+    source: Box<dyn super::Source>,
+    format: &'static dyn Format,
+) -> Result<Opened> {
+    let resize = Resize {
+        shorter: c.kept_size(c.crop_size(format.default_crop())),
+        max_size: c.max_size,
+        square: c.square,
+    };
+    let mut ops = vec![];
+    let mut specs = vec![];
+    for col in columns {
+        match &col.kind {
+            Kind::Image => {
+                let mode = col.mode.unwrap_or(ImageMode::Rgb);
+                let resample = match mode {
+                    ImageMode::Index => Resample::Nearest,
+                    _ => c.interpolation.unwrap_or(Resample::Linear),
+                };
+                let op = FieldOp::Decode {
+                    mode,
+                    scale: 1,
+                    resample,
+                };
+                specs.push(op.field(&col.field, &resize));
+                ops.push(op);
+            }
+            Kind::Numbers { dtype, dims } => {
+                specs.push(FieldSpec::new(&col.field, *dtype, dims.clone()));
+                ops.push(FieldOp::Keep);
             }
         }
-        let any_image = source.columns.iter().any(|c| matches!(c.kind, Kind::Image));
-        let preprocess = if any_image {
-            Preprocess::Images { ops, resize }
-        } else {
-            Preprocess::Identity
-        };
-        Ok(Opened {
-            source: Box::new(source),
-            preprocess,
-            schema: Schema::new(specs)?,
-            format: &Hf,
-        })
     }
+    let any_image = columns.iter().any(|c| matches!(c.kind, Kind::Image));
+    let preprocess = if any_image {
+        Preprocess::Images { ops, resize }
+    } else {
+        Preprocess::Identity
+    };
+    Ok(Opened {
+        source,
+        preprocess,
+        schema: Schema::new(specs)?,
+        format,
+    })
+}
+
+/// A column left out, and why.
+pub(super) type LeftOut = (String, String);
+
+/// The columns of `schema` served as fields: those `wanted` names (field, column), or every
+/// one larder serves, with those left out and why. Shapes the `huggingface` metadata declares
+/// (ArrayND features) fix a list column's dims.
+pub(super) fn columns_of(
+    path: &Path,
+    schema: &arrow_schema::Schema,
+    wanted: &[(crate::config::FieldConfig, String)],
+) -> Result<(Vec<Column>, Vec<LeftOut>)> {
+    let declared = declared_shapes(schema);
+    let mut columns = vec![];
+    let mut skipped = vec![];
+    if wanted.is_empty() {
+        for (index, f) in schema.fields().iter().enumerate() {
+            match kind_of(f) {
+                Ok(kind) => columns.push(Column {
+                    field: f.name().clone(),
+                    index,
+                    kind,
+                    mode: None,
+                }),
+                Err(why) => skipped.push((f.name().clone(), why)),
+            }
+        }
+    } else {
+        for (fc, name) in wanted {
+            let (index, f) = schema.column_with_name(name).with_context(|| {
+                format!(
+                    "field {:?}: no column {name:?} (columns: {})",
+                    fc.name,
+                    schema
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })?;
+            let kind = kind_of(f)
+                .map_err(|why| anyhow::anyhow!("field {:?}: column {name:?} is {why}", fc.name))?;
+            ensure!(
+                fc.mode.is_none() || matches!(kind, Kind::Image),
+                "field {:?}: `mode` is for image columns",
+                fc.name
+            );
+            columns.push(Column {
+                field: fc.name.clone(),
+                index,
+                kind,
+                mode: fc.mode,
+            });
+        }
+    }
+    ensure!(
+        !columns.is_empty(),
+        "{}: no column larder serves (left out: {})",
+        path.display(),
+        skipped
+            .iter()
+            .map(|(c, why)| format!("{c}: {why}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    if !skipped.is_empty() {
+        tracing::info!(dataset = %path.display(), ?skipped, "columns left out");
+    }
+    for c in &mut columns {
+        if let (Kind::Numbers { dims, .. }, Some(shape)) = (&mut c.kind, declared.get(&c.field)) {
+            if shape.len() == dims.len() {
+                *dims = shape.iter().map(|&d| Some(d)).collect();
+            }
+        }
+    }
+    Ok((columns, skipped))
+}
+
+/// The shapes the `huggingface` schema metadata declares for ArrayND features, by column.
+fn declared_shapes(schema: &arrow_schema::Schema) -> std::collections::HashMap<String, Vec<u32>> {
+    let mut out = std::collections::HashMap::new();
+    let Some(meta) = schema.metadata().get("huggingface") else {
+        return out;
+    };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(meta) else {
+        return out;
+    };
+    if let Some(features) = v["info"]["features"].as_object() {
+        for (name, f) in features {
+            if let Ok(shape) = serde_json::from_value::<Vec<u32>>(f["shape"].clone()) {
+                out.insert(name.clone(), shape);
+            }
+        }
+    }
+    out
 }
 
 /// The Arrow files of the dataset at `path`, in order.
@@ -214,7 +322,7 @@ fn arrow_files(path: &Path, split: &str) -> Result<Vec<PathBuf>> {
 
 /// What a column is served as.
 #[derive(Debug, Clone)]
-enum Kind {
+pub(super) enum Kind {
     /// `Image()`: the file's bytes, decoded by the image pipeline.
     Image,
     /// Numbers: a scalar, or lists of them with these dims (None: varies by row).
@@ -224,12 +332,13 @@ enum Kind {
     },
 }
 
-struct Column {
-    field: String,
+#[derive(Clone)]
+pub(super) struct Column {
+    pub(super) field: String,
     /// Its index in the files' schema.
-    index: usize,
-    kind: Kind,
-    mode: Option<ImageMode>,
+    pub(super) index: usize,
+    pub(super) kind: Kind,
+    pub(super) mode: Option<ImageMode>,
 }
 
 /// A record batch: which file, where its message is, and its rows.
@@ -267,7 +376,7 @@ pub struct HfSource {
 
 /// What column `field` is served as, or why it is left out. An `ArrayND` column's shape is
 /// in its extension metadata (`[[2, 3], "float32"]`): its dims are fixed from there.
-fn kind_of(field: &arrow_schema::Field) -> Result<Kind, String> {
+pub(super) fn kind_of(field: &arrow_schema::Field) -> Result<Kind, String> {
     let mut kind = kind_of_type(field.data_type())?;
     if let (Kind::Numbers { dims, .. }, Some(meta)) =
         (&mut kind, field.metadata().get("ARROW:extension:metadata"))
@@ -362,63 +471,7 @@ impl HfSource {
             files.push((p.clone(), file, Stamp::of_metadata(&meta)));
         }
         let schema = schema.context("no Arrow files")?;
-        let mut columns = vec![];
-        let mut skipped = vec![];
-        if wanted.is_empty() {
-            for (index, f) in schema.fields().iter().enumerate() {
-                match kind_of(f) {
-                    Ok(kind) => columns.push(Column {
-                        field: f.name().clone(),
-                        index,
-                        kind,
-                        mode: None,
-                    }),
-                    Err(why) => skipped.push((f.name().clone(), why)),
-                }
-            }
-        } else {
-            for (fc, name) in wanted {
-                let (index, f) = schema.column_with_name(name).with_context(|| {
-                    format!(
-                        "field {:?}: no column {name:?} (columns: {})",
-                        fc.name,
-                        schema
-                            .fields()
-                            .iter()
-                            .map(|f| f.name().as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                })?;
-                let kind = kind_of(f).map_err(|why| {
-                    anyhow::anyhow!("field {:?}: column {name:?} is {why}", fc.name)
-                })?;
-                ensure!(
-                    fc.mode.is_none() || matches!(kind, Kind::Image),
-                    "field {:?}: `mode` is for image columns",
-                    fc.name
-                );
-                columns.push(Column {
-                    field: fc.name.clone(),
-                    index,
-                    kind,
-                    mode: fc.mode,
-                });
-            }
-        }
-        ensure!(
-            !columns.is_empty(),
-            "{}: no column larder serves (left out: {})",
-            path.display(),
-            skipped
-                .iter()
-                .map(|(c, why)| format!("{c}: {why}"))
-                .collect::<Vec<_>>()
-                .join("; ")
-        );
-        if !skipped.is_empty() {
-            tracing::info!(dataset = %path.display(), ?skipped, "columns left out");
-        }
+        let (columns, skipped) = columns_of(path, &schema, wanted)?;
         // Images whose other fields are plain numbers are read a row at a time, straight from
         // the batch's buffers (a decoded image is far larger than its bytes: a granule of a
         // whole batch would decode 100 for one). Else rows of a batch, up to the largest share
@@ -771,7 +824,7 @@ impl Direct {
 }
 
 /// Row `row` of `array`, as larder serves the column's kind.
-fn value_of(array: &ArrayRef, row: usize, kind: &Kind) -> Result<Value> {
+pub(super) fn value_of(array: &ArrayRef, row: usize, kind: &Kind) -> Result<Value> {
     ensure!(!array.is_null(row), "the value is missing (null)");
     match kind {
         Kind::Image => {

@@ -11,6 +11,7 @@ mod hf;
 mod images;
 mod npy;
 mod owner;
+mod parquet;
 
 pub use self::files::{file_version, read_capped, Stamp};
 pub use self::hdf5::{write_hdf5, Hdf5Field, Hdf5Source, MAX_GRANULE};
@@ -25,7 +26,13 @@ use serde::de::DeserializeOwned;
 use std::path::Path;
 
 /// Every kind of source the daemon reads, in the order a path is offered to them.
-pub static FORMATS: &[&dyn Format] = &[&npy::Npy, &hf::Hf, &images::Images, &hdf5::Hdf5];
+pub static FORMATS: &[&dyn Format] = &[
+    &npy::Npy,
+    &hf::Hf,
+    &parquet::Parquet,
+    &images::Images,
+    &hdf5::Hdf5,
+];
 
 /// A kind of source: what a `[[dataset]]` table with `kind = NAME` is read by.
 pub trait Format: Sync {
@@ -404,14 +411,14 @@ mod tests {
             ("images", "crop=0\n[dataset.train]", "needs `crop`"),
             ("images", "crop=0\ncrop_pct=0.9", "crop_pct"),
             (
-                "parquet",
+                "tfrecord",
                 "",
-                "kind \"parquet\" is not one larder reads (it reads: npy, hf, images, hdf5)",
+                "kind \"tfrecord\" is not one larder reads (it reads: npy, hf, parquet, images, hdf5)",
             ),
             (
                 "npy",
                 "[[dataset.field]]\nname=\"x\"\ncolumn=\"y\"",
-                "(it is for kind hf)",
+                "(it is for kind hf, parquet)",
             ),
             (
                 "hf",
