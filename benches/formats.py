@@ -4,7 +4,10 @@ in a torch DataLoader with 2 workers doing the same decode, taking turns, in one
 - npy: `np.load(mmap_mode="r")` rows in a map-style Dataset, against larder's `kind = "npy"`;
 - hf: `load_from_disk(...).with_transform(...)` decoding each JPEG (PIL, as `datasets` does),
   resizing the shorter side to 256 and cutting the 224 center (torchvision), against larder's
-  `kind = "hf"` eval pipeline (resize 256, crop 224).
+  `kind = "hf"` eval pipeline (resize 256, crop 224);
+- parquet: the same images and labels as hub-style shards (`data/train-0000k-of-00002.parquet`,
+  `to_parquet`), read by `pyarrow.parquet` a row group at a time in a map-style Dataset with the
+  same decode, against larder's `kind = "parquet"`.
 
     PYTHONPATH=python .venv/bin/python benches/formats.py [--rounds 3] [--plot]
 
@@ -41,6 +44,45 @@ def make_npy(root: pathlib.Path, n: int) -> None:
     root.mkdir(parents=True)
     np.save(root / "image.npy", rng.integers(0, 256, (n, 3, 64, 64), dtype=np.uint8))
     np.save(root / "label.npy", np.arange(n, dtype=np.int64) % 10)
+
+
+def make_parquet(hf: pathlib.Path, root: pathlib.Path) -> None:
+    import datasets
+
+    ds = datasets.load_from_disk(str(hf))
+    root.mkdir(parents=True)
+    for k in range(2):
+        ds.shard(2, k, contiguous=True).to_parquet(str(root / f"train-0000{k}-of-00002.parquet"), batch_size=100)
+
+
+class ParquetRows:
+    """Rows of parquet shards, a row group read (and kept) at a time by pyarrow, decoded as
+    `datasets` would: what a careful map-style Dataset over the hub's files does."""
+
+    def __init__(self, folder):
+        import pyarrow.parquet as pq
+
+        self.files = [pq.ParquetFile(p) for p in sorted(folder.glob("*.parquet"))]
+        self.groups = [(f, g, f.metadata.row_group(g).num_rows) for f in self.files
+                       for g in range(f.metadata.num_row_groups)]
+        self.starts = np.cumsum([0] + [n for _, _, n in self.groups])
+        self.cached = (None, None)
+
+    def __len__(self):
+        return int(self.starts[-1])
+
+    def __getitem__(self, i):
+        import io
+
+        from PIL import Image
+
+        k = int(np.searchsorted(self.starts, i, side="right") - 1)
+        if self.cached[0] != k:
+            f, g, _ = self.groups[k]
+            self.cached = (k, f.read_row_group(g, columns=["image", "label"]).to_pylist())
+        row = self.cached[1][i - int(self.starts[k])]
+        img = Image.open(io.BytesIO(row["image"]["bytes"]))
+        return hf_eval({"image": [img], "label": [row["label"]]})["image"][0], row["label"]
 
 
 def make_hf(root: pathlib.Path, n: int) -> None:
@@ -90,12 +132,16 @@ def loader_epoch(kind: str, path: pathlib.Path) -> float:
 
     if kind == "npy":
         ds = NpyRows(path)
+    elif kind == "parquet":
+        ds = ParquetRows(path)
     else:
         import datasets
 
         ds = datasets.load_from_disk(str(path)).with_transform(hf_eval)
     dl = torch.utils.data.DataLoader(ds, batch_size=32, shuffle=True, num_workers=2,
                                      collate_fn=None if kind == "npy" else (lambda rows: rows))
+    # (shuffle=True: each worker reads whole row groups for a few of their rows, as a map-style
+    # Dataset over parquet does.)
     start, n = time.perf_counter(), 0
     for b in dl:
         n += len(b[1]) if kind == "npy" else len(b)
@@ -121,18 +167,21 @@ def main() -> int:
     args = p.parse_args()
     larderd, larder = binary("larderd", args.debug), binary("larder", args.debug)
     daemon = None
-    runs = {(k, w): [] for k in ("npy", "hf") for w in ("larder", "loader")}
+    runs = {(k, w): [] for k in ("npy", "hf", "parquet") for w in ("larder", "loader")}
     with tempfile.TemporaryDirectory() as tmp:
         root = pathlib.Path(tmp)
         print(f"making {args.rows} npy rows and {args.images} JPEGs in a save_to_disk folder...", flush=True)
         make_npy(root / "npy", args.rows)
         make_hf(root / "hf", args.images)
+        make_parquet(root / "hf", root / "parquet")
         socket = root / "larder.sock"
         config = root / "larder.toml"
         config.write_text(
             f'unix_socket = "{socket}"\n[scratch]\nenabled = false\n[memory]\nbudget_bytes = 33554432\n'
             f'[[dataset]]\nname = "npy"\npath = "{root / "npy"}"\n'
-            f'[[dataset]]\nname = "hf"\npath = "{root / "hf"}"\nresize = 256\ncrop = 224\n')
+            f'[[dataset]]\nname = "hf"\npath = "{root / "hf"}"\nresize = 256\ncrop = 224\n'
+            f'[[dataset]]\nname = "parquet"\nkind = "parquet"\npath = "{root / "parquet"}"\n'
+            f'resize = 256\ncrop = 224\n')
         try:
             daemon = subprocess.Popen([larderd, "--config", str(config)], stderr=subprocess.DEVNULL)
             deadline = time.time() + 60
@@ -154,7 +203,7 @@ def main() -> int:
                 daemon.terminate()
                 daemon.wait()
     rows = []
-    for kind in ("npy", "hf"):
+    for kind in ("npy", "hf", "parquet"):
         a, b = statistics.median(runs[(kind, "larder")]), statistics.median(runs[(kind, "loader")])
         rows.append({"format": kind, "larder_per_s": a, "loader_per_s": b, "larder_vs_loader": a / b,
                      "larder_rounds": runs[(kind, "larder")], "loader_rounds": runs[(kind, "loader")]})
