@@ -239,7 +239,7 @@ proptest! {
         let p = Preprocess::Images {
             ops: vec![
                 FieldOp::rgb(),
-                FieldOp::Decode { mode: ImageMode::Index, scale: 1, resample: Resample::Nearest },
+                FieldOp::Decode { mode: ImageMode::Index, scale: 1, resample: Resample::Nearest, upright: false },
             ],
             resize: Resize { shorter, max_size: None, square: false },
         };
@@ -254,6 +254,30 @@ proptest! {
             prop_assert_eq!(&img.dims[1..], &m.dims[..], "the mask follows the image");
             let n: u64 = img.dims.iter().map(|&d| d as u64).product();
             prop_assert_eq!(n, img.data.len() as u64);
+        }
+    }
+
+    /// An image turned upright by its EXIF orientation (Hugging Face images): whatever the
+    /// EXIF segment holds, an error or a value whose dims match its bytes.
+    #[test]
+    fn images_turned_upright_stay_within_their_limits(
+        image in inputs(image_seeds()),
+        shorter in prop::sample::select(vec![0u32, 8, 20]),
+    ) {
+        let p = Preprocess::Images {
+            ops: vec![FieldOp::Decode {
+                mode: ImageMode::Rgb,
+                scale: 1,
+                resample: Resample::Linear,
+                upright: true,
+            }],
+            resize: Resize { shorter, max_size: None, square: false },
+        };
+        let limits = Limits { max_image_pixels: MAX_PIXELS, ..Limits::default() };
+        let raw = vec![larder::fields::Value::new(vec![image.len() as u32], image)];
+        if let Ok(values) = p.apply(raw, &limits) {
+            let n: u64 = values[0].dims.iter().map(|&d| d as u64).product();
+            prop_assert_eq!(n, values[0].data.len() as u64);
         }
     }
 }

@@ -241,3 +241,39 @@ def test_parquet_shards_are_served_as_the_library_reads_them(tmp_path):
             assert sorted(seen) == list(range(30))
     finally:
         d.stop()
+
+
+def test_hugging_face_jpegs_are_turned_upright_as_datasets_turns_them(tmp_path):
+    """A phone photo stored sideways with an EXIF orientation: served as `datasets` decodes it
+    (upright), for each of the eight orientations."""
+    datasets = pytest.importorskip("datasets")
+    import io
+
+    from PIL import Image
+
+    y, x = np.mgrid[0:24, 0:40]
+    base = np.stack([x * 6, y * 10, (x + y) * 3], -1).astype(np.uint8)
+    images = []
+    for o in range(1, 9):
+        exif = Image.Exif()
+        exif[0x0112] = o
+        buf = io.BytesIO()
+        Image.fromarray(base).save(buf, format="JPEG", quality=95, exif=exif.tobytes())
+        images.append({"bytes": buf.getvalue(), "path": None})
+    features = datasets.Features({"image": datasets.Image()})
+    path = tmp_path / "phone"
+    datasets.Dataset.from_dict({"image": images}, features=features).save_to_disk(str(path))
+    d = Daemon(tmp_path, f'[[dataset]]\nname = "phone"\npath = "{path}"\nresize = 0\ncrop = 0\n')
+    try:
+        truth = datasets.load_from_disk(str(path))
+        with larder.Client(d.unix) as c:
+            for b in c.stream("phone", 8):
+                for k, i in enumerate(b.sample_ids):
+                    want = np.asarray(truth[int(i)]["image"].convert("RGB")).astype(int)
+                    h, w = want.shape[:2]
+                    assert (h, w) == ((24, 40) if i < 4 else (40, 24)), (i, want.shape)
+                    got = b["image"][k][:, :h, :w].transpose(1, 2, 0).astype(int)
+                    assert got.shape == want.shape, (i + 1, got.shape, want.shape)
+                    assert np.abs(got - want).mean() < 1.0, f"orientation {i + 1}"
+    finally:
+        d.stop()

@@ -4,6 +4,7 @@
 
 pub mod augment;
 pub mod decode;
+mod exif;
 pub mod planes;
 mod preprocess;
 

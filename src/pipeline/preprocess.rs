@@ -21,6 +21,9 @@ pub enum FieldOp {
         mode: ImageMode,
         scale: u32,
         resample: Resample,
+        /// Turned upright by the JPEG's EXIF orientation first (as Hugging Face `datasets`
+        /// decodes; torchvision's ImageFolder does not).
+        upright: bool,
     },
     /// A value stored as text or bytes, parsed into a typed one.
     Parse(Parse),
@@ -109,6 +112,7 @@ impl FieldOp {
             mode: ImageMode::Rgb,
             scale: 1,
             resample: Resample::Linear,
+            upright: false,
         }
     }
 
@@ -120,6 +124,7 @@ impl FieldOp {
                 mode,
                 scale,
                 resample,
+                ..
             } => (mode, scale, resample),
             FieldOp::Keep | FieldOp::Parse(Parse::Int64Text) => {
                 return FieldSpec::fixed(name, DType::Int64, &[])
@@ -204,7 +209,7 @@ fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample, limits: &Limits) -> 
     let mut kept: Option<(u32, u32)> = None;
     let mut out = Vec::with_capacity(raw.len());
     for (k, (op, value)) in ops.iter().zip(raw).enumerate() {
-        let (mode, scale, resample) = match op {
+        let (mode, scale, resample, upright) = match op {
             FieldOp::Keep => {
                 out.push(value);
                 continue;
@@ -217,7 +222,8 @@ fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample, limits: &Limits) -> 
                 mode,
                 scale,
                 resample,
-            } => (mode, scale, resample),
+                upright,
+            } => (mode, scale, resample, *upright),
         };
         let s = *scale;
         let decoded = (|| -> Result<Value> {
@@ -245,8 +251,18 @@ fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample, limits: &Limits) -> 
                 let (decoded, resized) = &mut *cell.borrow_mut();
                 let buf = std::mem::take(decoded);
                 let px = decode::decode_into(&value.data, out, max_pixels, at_least, buf)?;
-                let (w, h, c) = (px.width, px.height, px.channels);
+                let (mut w, mut h, c) = (px.width, px.height, px.channels);
                 *decoded = px.data;
+                let o = if upright {
+                    super::exif::orientation(&value.data)
+                } else {
+                    1
+                };
+                if o > 1 {
+                    let (turned, size) = super::exif::upright(decoded, (w, h), c as usize, o);
+                    *decoded = turned;
+                    (w, h) = size;
+                }
                 let pixels: &[u8] = decoded;
                 ensure!(w > 0 && h > 0, "image is empty");
                 let size = *kept.get_or_insert_with(|| resize.size((w, h)));
@@ -432,6 +448,7 @@ mod tests {
             mode: ImageMode::Index,
             scale: 1,
             resample: Resample::Nearest,
+            upright: false,
         };
         let p = Preprocess::Images {
             ops: vec![FieldOp::rgb(), index.clone()],
@@ -474,6 +491,7 @@ mod tests {
                     mode: ImageMode::Rgb,
                     scale: 2,
                     resample: Resample::Linear,
+                    upright: false,
                 },
             ],
             resize: shorter(0),

@@ -127,10 +127,12 @@ pub(super) fn opened(
                     ImageMode::Index => Resample::Nearest,
                     _ => c.interpolation.unwrap_or(Resample::Linear),
                 };
+                // As `datasets` decodes: JPEGs turned upright by their EXIF orientation.
                 let op = FieldOp::Decode {
                     mode,
                     scale: 1,
                     resample,
+                    upright: true,
                 };
                 specs.push(op.field(&col.field, &resize));
                 ops.push(op);

@@ -495,6 +495,7 @@ fn open_dataset(c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
             mode,
             scale,
             resample,
+            upright: false,
         };
         let mut spec = op.field(&f.name, &resize);
         if !is_reference {
