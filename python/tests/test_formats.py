@@ -277,3 +277,27 @@ def test_hugging_face_jpegs_are_turned_upright_as_datasets_turns_them(tmp_path):
                     assert np.abs(got - want).mean() < 1.0, f"orientation {i + 1}"
     finally:
         d.stop()
+
+
+def test_new_kinds_shard_across_ranks_and_resume_exactly(tmp_path):
+    """DDP ranks of an npy and an hf dataset together read each sample once; a rank resumed
+    mid-epoch reads exactly the rest of its shard."""
+    datasets = pytest.importorskip("datasets")
+    (tmp_path / "np").mkdir()
+    np.save(tmp_path / "np" / "x.npy", np.arange(N * 4, dtype=np.int32).reshape(N, 4))
+    hf_dataset(N).remove_columns(["grid", "seq", "caption"]).save_to_disk(str(tmp_path / "hf"))
+    tables = (f'[[dataset]]\nname = "np"\npath = "{tmp_path / "np"}"\n'
+              f'[[dataset]]\nname = "hf"\npath = "{tmp_path / "hf"}"\nresize = 0\ncrop = 0\n')
+    d = Daemon(tmp_path, tables)
+    try:
+        with larder.Client(d.unix) as c:
+            for name in ["np", "hf"]:
+                shards = [[int(i) for b in c.stream(name, 5, seed=3, rank=r, world_size=3, even_batches=False) for i in b.sample_ids]
+                          for r in range(3)]
+                assert sorted(sum(shards, [])) == list(range(N)), name
+                whole = [int(i) for b in c.stream(name, 5, seed=3, rank=1, world_size=3) for i in b.sample_ids]
+                rest = [int(i) for b in c.stream(name, 5, seed=3, rank=1, world_size=3, start_step=2)
+                        for i in b.sample_ids]
+                assert rest == whole[10:], name
+    finally:
+        d.stop()
