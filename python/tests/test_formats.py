@@ -1,6 +1,8 @@
 """Data where users keep it: NumPy arrays (np.save, np.savez, np.savez_compressed), served by a
 real larderd and compared byte for byte with what the format's own library reads."""
 
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -299,5 +301,66 @@ def test_new_kinds_shard_across_ranks_and_resume_exactly(tmp_path):
                 rest = [int(i) for b in c.stream(name, 5, seed=3, rank=1, world_size=3, start_step=2)
                         for i in b.sample_ids]
                 assert rest == whole[10:], name
+    finally:
+        d.stop()
+
+
+def test_webdataset_shards_are_served_as_webdataset_reads_them(tmp_path):
+    wds = pytest.importorskip("webdataset")
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(6)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    n = 23
+    with wds.ShardWriter(str(shards / "train-%06d.tar"), maxcount=10) as sink:
+        for i in range(n):
+            buf = io.BytesIO()
+            Image.fromarray(rng.integers(0, 256, (6 + i % 4, 9, 3), dtype=np.uint8)).save(buf, format="PNG")
+            sink.write({"__key__": f"s{i:05d}", "png": buf.getvalue(), "cls": i % 5,
+                        "npy": rng.standard_normal((2, 3)).astype(np.float32), "json": {"i": i}})
+    names = sorted(str(p) for p in shards.glob("*.tar"))
+    truth = list(wds.WebDataset(names, shardshuffle=False).decode("rgb8"))
+    assert len(truth) == n
+    # A copy of the last shard cut in the middle of a member.
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    data = pathlib.Path(names[-1]).read_bytes()
+    at = data.rfind(b"s00022.png")
+    assert at > 0
+    (cut / "train-000002.tar").write_bytes(data[: at + 600])  # inside the last member's bytes
+    tables = (
+        f'[[dataset]]\nname = "wds"\npath = "{shards}/train-{{000000..000002}}.tar"\n'
+        'kind = "webdataset"\nresize = 0\ncrop = 0\n'
+        f'[[dataset]]\nname = "cut"\npath = "{cut}"\nkind = "webdataset"\nresize = 0\ncrop = 0\n'
+    )
+    d = Daemon(tmp_path, tables)
+    try:
+        with larder.Client(d.unix) as c:
+            info = c.dataset("wds")
+            assert info.kind == "webdataset" and "json" in info.source
+            fields = {f.name: f for f in info.fields}
+            assert (fields["cls"].dtype, fields["npy"].dtype, list(fields["npy"].shape)) == ("int64", "float32", [2, 3])
+            seen = []
+            for b in c.stream("wds", 4, seed=8):
+                for k, i in enumerate(b.sample_ids):
+                    t = truth[int(i)]
+                    h, w = t["png"].shape[:2]
+                    assert b["png"][k][:, :h, :w].transpose(1, 2, 0).tobytes() == t["png"].tobytes(), i
+                    assert b["cls"][k] == t["cls"]
+                    assert b["npy"][k].tobytes() == t["npy"].tobytes()
+                seen.extend(int(i) for i in b.sample_ids)
+            assert sorted(seen) == list(range(n)), "every sample exactly once"
+            # The cut shard: only its complete samples, never the cut one; it says so.
+            info = c.dataset("cut")
+            assert "cut short" in info.source
+            got = sorted(int(i) for b in c.stream("cut", 4) for i in b.sample_ids)
+            assert got == [0, 1], "samples s00020 and s00021; s00022 was cut"
+            with pytest.raises(larder.LarderError, match="compressed"):
+                gz = tmp_path / "x.tar.gz"
+                gz.write_bytes(b"")
+                c.add_dataset("gz", gz, kind="webdataset")
     finally:
         d.stop()

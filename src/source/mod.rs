@@ -12,6 +12,7 @@ mod images;
 mod npy;
 mod owner;
 mod parquet;
+mod webdataset;
 
 pub use self::files::{file_version, read_capped, Stamp};
 pub use self::hdf5::{write_hdf5, Hdf5Field, Hdf5Source, MAX_GRANULE};
@@ -30,6 +31,7 @@ pub static FORMATS: &[&dyn Format] = &[
     &npy::Npy,
     &hf::Hf,
     &parquet::Parquet,
+    &webdataset::WebDataset,
     &images::Images,
     &hdf5::Hdf5,
 ];
@@ -413,7 +415,7 @@ mod tests {
             (
                 "tfrecord",
                 "",
-                "kind \"tfrecord\" is not one larder reads (it reads: npy, hf, parquet, images, hdf5)",
+                "kind \"tfrecord\" is not one larder reads (it reads: npy, hf, parquet, webdataset, images, hdf5)",
             ),
             (
                 "npy",

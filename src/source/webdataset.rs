@@ -1,0 +1,668 @@
+//! WebDataset shards (`kind = "webdataset"`): uncompressed tar files, in a folder or named by a
+//! brace pattern (`train-{000000..000099}.tar`), in order. A sample is the consecutive members
+//! sharing a key (the path up to the basename's first dot); each extension is a field: `jpg`,
+//! `jpeg`, `png`, `webp` and `*.png`-like compound ones (`seg.png`) images through the image
+//! pipeline, `cls` a decimal integer served as int64, `npy` a NumPy array served as stored;
+//! others (`json`, `txt`) are left out and listed. Members whose basename starts with `__` are
+//! skipped, as WebDataset skips them.
+//!
+//! Each shard's tar headers (PAX and GNU long names included) are read once at open into an
+//! index of member offsets; a miss reads a sample's members by position. A shard cut short
+//! serves the samples complete before the cut, and says where it was cut.
+
+use super::npy::Header;
+use super::{file_version, Format, Opened, Provenance, RawSample, RawSource, Stamp};
+use crate::config::keys::keys_of;
+use crate::config::{DatasetConfig, ImageMode, Limits, TrainCrop};
+use crate::fields::{FieldSpec, Resample, Schema, Value};
+use crate::pipeline::{FieldOp, Parse, Preprocess, Resize};
+use anyhow::{bail, ensure, Context, Result};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// WebDataset tar shards (`kind = "webdataset"`).
+pub struct WebDataset;
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DatasetKeys {}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FieldKeys {
+    /// The member extension the field is read from (default: the field's name).
+    #[serde(default)]
+    ext: Option<String>,
+}
+
+/// What a field's members are.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    Image,
+    Class,
+    Array,
+}
+
+fn kind_of(ext: &str) -> Option<Kind> {
+    let last = ext.rsplit('.').next().unwrap_or(ext);
+    match last {
+        "jpg" | "jpeg" | "png" | "webp" => Some(Kind::Image),
+        "cls" | "cls2" | "index" => Some(Kind::Class),
+        "npy" => Some(Kind::Array),
+        _ => None,
+    }
+}
+
+impl Format for WebDataset {
+    fn name(&self) -> &'static str {
+        "webdataset"
+    }
+
+    fn recognizes(&self, path: &Path) -> bool {
+        path.is_file()
+            && path
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("tar"))
+    }
+
+    fn dataset_keys(&self) -> Vec<&'static str> {
+        keys_of::<DatasetKeys>()
+    }
+
+    fn field_keys(&self) -> Vec<&'static str> {
+        keys_of::<FieldKeys>()
+    }
+
+    fn check(&self, c: &DatasetConfig) -> Result<()> {
+        let _: DatasetKeys = super::dataset_options(self, c)?;
+        for f in &c.fields {
+            let _: FieldKeys = super::field_options(self, f)?;
+            ensure!(
+                f.pair.is_none(),
+                "field {:?}: `pair` is not read for kind webdataset",
+                f.name
+            );
+        }
+        let crop = c.crop_size(self.default_crop());
+        let kept = c.kept_size(crop);
+        ensure!(
+            kept == 0 || crop.is_none_or(|c| kept >= c),
+            "need crop <= resize (crop = {}, resize = {kept})",
+            crop.unwrap_or(0)
+        );
+        Ok(())
+    }
+
+    fn default_crop(&self) -> Option<u32> {
+        None
+    }
+
+    fn default_train_crop(&self) -> TrainCrop {
+        TrainCrop::RandomResized
+    }
+
+    fn open(&self, c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
+        let wanted: Vec<(String, String, Option<ImageMode>)> = c
+            .fields
+            .iter()
+            .map(|f| {
+                let k: FieldKeys = super::field_options(self, f)?;
+                Ok((
+                    f.name.clone(),
+                    k.ext.unwrap_or_else(|| f.name.clone()),
+                    f.mode,
+                ))
+            })
+            .collect::<Result<_>>()?;
+        let mut source = WdsSource::open(&c.path, &wanted)?;
+        source.max_value_bytes = limits.max_sample_bytes;
+        let resize = Resize {
+            shorter: c.kept_size(c.crop_size(self.default_crop())),
+            max_size: c.max_size,
+            square: c.square,
+        };
+        let (mut ops, mut specs) = (vec![], vec![]);
+        for f in &source.fields {
+            match f.kind {
+                Kind::Image => {
+                    let mode = f.mode.unwrap_or(ImageMode::Rgb);
+                    let resample = match mode {
+                        ImageMode::Index => Resample::Nearest,
+                        _ => c.interpolation.unwrap_or(Resample::Linear),
+                    };
+                    let op = FieldOp::Decode {
+                        mode,
+                        scale: 1,
+                        resample,
+                        upright: false,
+                    };
+                    specs.push(op.field(&f.name, &resize));
+                    ops.push(op);
+                }
+                Kind::Class => {
+                    let op = FieldOp::Parse(Parse::Int64Text);
+                    specs.push(op.field(&f.name, &resize));
+                    ops.push(op);
+                }
+                Kind::Array => {
+                    let h = f
+                        .header
+                        .as_ref()
+                        .context("an array field without its header")?;
+                    let dims: Vec<u32> = h.shape.iter().map(|&d| d as u32).collect();
+                    specs.push(FieldSpec::fixed(&f.name, h.dtype, &dims));
+                    ops.push(FieldOp::Keep);
+                }
+            }
+        }
+        Ok(Opened {
+            source: Box::new(source),
+            preprocess: Preprocess::Images { ops, resize },
+            schema: Schema::new(specs)?,
+            format: &WebDataset,
+        })
+    }
+}
+
+/// `prefix{000..099}suffix`'s names, zero-padded as the pattern's first bound is.
+fn expand_braces(pattern: &str) -> Result<Option<Vec<String>>> {
+    let Some((head, rest)) = pattern.split_once('{') else {
+        return Ok(None);
+    };
+    let (range, tail) = rest.split_once('}').context("a `{` without its `}`")?;
+    let (a, b) = range
+        .split_once("..")
+        .context("a brace pattern is {FIRST..LAST}")?;
+    let (from, to): (u64, u64) = (a.parse()?, b.parse()?);
+    ensure!(from <= to && to - from < 1_000_000, "the range {{{range}}}");
+    Ok(Some(
+        (from..=to)
+            .map(|k| format!("{head}{k:0width$}{tail}", width = a.len()))
+            .collect(),
+    ))
+}
+
+/// The shards at `path`: a brace pattern, a folder's `.tar` files, or one file; sorted.
+fn shards(path: &Path) -> Result<Vec<PathBuf>> {
+    let text = path.to_string_lossy();
+    if let Some(names) = expand_braces(&text)? {
+        return Ok(names.into_iter().map(PathBuf::from).collect());
+    }
+    let mut out = vec![];
+    if path.is_dir() {
+        for e in std::fs::read_dir(path).with_context(|| format!("reading {}", path.display()))? {
+            let p = e?.path();
+            let name = p
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_lowercase();
+            if name.ends_with(".tar") {
+                out.push(p);
+            } else if name.ends_with(".tar.gz") || name.ends_with(".tgz") {
+                bail!(
+                    "{} is compressed: larder reads uncompressed shards (members read by \
+                     position); unpack it with gunzip",
+                    p.display()
+                );
+            }
+        }
+    } else {
+        let name = text.to_lowercase();
+        ensure!(
+            !(name.ends_with(".tar.gz") || name.ends_with(".tgz")),
+            "{} is compressed: larder reads uncompressed shards; unpack it with gunzip",
+            path.display()
+        );
+        out.push(path.to_path_buf());
+    }
+    out.sort();
+    ensure!(!out.is_empty(), "{}: no .tar shards", path.display());
+    Ok(out)
+}
+
+/// A member: its path in the tar, and where its bytes are.
+struct Member {
+    name: String,
+    at: u64,
+    size: u64,
+}
+
+/// Parses an octal (or base-256) number field of a tar header.
+fn number(field: &[u8]) -> Result<u64> {
+    if field.first().is_some_and(|b| b & 0x80 != 0) {
+        let mut v = 0u64;
+        for &b in &field[1..] {
+            v = v.checked_shl(8).context("a size over 2^64")? | b as u64;
+        }
+        return Ok(v);
+    }
+    let text: String = field
+        .iter()
+        .take_while(|&&b| b != 0)
+        .map(|&b| b as char)
+        .collect();
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(0);
+    }
+    u64::from_str_radix(text, 8).with_context(|| format!("a tar number {text:?}"))
+}
+
+fn text_of(field: &[u8]) -> String {
+    let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
+    String::from_utf8_lossy(&field[..end]).into_owned()
+}
+
+/// The regular-file members of the tar `file` (of `size` bytes), and where it was cut short,
+/// if it was.
+fn members(file: &std::fs::File, size: u64) -> Result<(Vec<Member>, Option<String>)> {
+    let mut out = vec![];
+    let mut at = 0u64;
+    let (mut long_name, mut pax_path): (Option<String>, Option<String>) = (None, None);
+    let mut pax_size: Option<u64> = None;
+    let mut header = [0u8; 512];
+    loop {
+        if at + 512 > size {
+            let cut = (at < size).then(|| format!("cut short in a header at byte {at}"));
+            return Ok((out, cut));
+        }
+        file.read_exact_at(&mut header, at)?;
+        if header.iter().all(|&b| b == 0) {
+            return Ok((out, None));
+        }
+        let sum: u64 = header
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| {
+                if (148..156).contains(&i) {
+                    32
+                } else {
+                    b as u64
+                }
+            })
+            .sum();
+        ensure!(
+            number(&header[148..156])? == sum,
+            "a tar header at byte {at} fails its checksum"
+        );
+        let kind = header[156];
+        let mut len = number(&header[124..136])?;
+        if let Some(s) = pax_size.take() {
+            len = s;
+        }
+        let data = at + 512;
+        let next = data
+            .checked_add(len.div_ceil(512) * 512)
+            .context("a member size over 2^64")?;
+        if data + len > size {
+            let name = pax_path
+                .or(long_name)
+                .unwrap_or_else(|| text_of(&header[..100]));
+            return Ok((out, Some(format!("cut short in member {name:?}"))));
+        }
+        match kind {
+            b'x' | b'L' => {
+                ensure!(len <= 1 << 20, "an extended header of {len} bytes");
+                let mut buf = vec![0u8; len as usize];
+                file.read_exact_at(&mut buf, data)?;
+                if kind == b'L' {
+                    long_name = Some(text_of(&buf));
+                } else {
+                    // Records "LEN key=value\n".
+                    for rec in String::from_utf8_lossy(&buf).split('\n') {
+                        if let Some((_, kv)) = rec.split_once(' ') {
+                            if let Some(p) = kv.strip_prefix("path=") {
+                                pax_path = Some(p.to_string());
+                            } else if let Some(s) = kv.strip_prefix("size=") {
+                                pax_size = s.parse().ok();
+                            }
+                        }
+                    }
+                }
+            }
+            b'0' | 0 | b'7' => {
+                let mut name = text_of(&header[..100]);
+                if &header[257..262] == b"ustar" {
+                    let prefix = text_of(&header[345..500]);
+                    if !prefix.is_empty() {
+                        name = format!("{prefix}/{name}");
+                    }
+                }
+                let name = pax_path.take().or(long_name.take()).unwrap_or(name);
+                out.push(Member {
+                    name,
+                    at: data,
+                    size: len,
+                });
+            }
+            _ => {
+                pax_path = None;
+                long_name = None;
+            }
+        }
+        at = next;
+    }
+}
+
+/// The key and extension of a member's path: up to and after the basename's first dot.
+fn key_and_ext(name: &str) -> Option<(String, String)> {
+    let (dir, base) = name.rsplit_once('/').map_or(("", name), |(d, b)| (d, b));
+    if base.starts_with("__") {
+        return None;
+    }
+    let (stem, ext) = base.split_once('.')?;
+    let key = if dir.is_empty() {
+        stem.to_string()
+    } else {
+        format!("{dir}/{stem}")
+    };
+    Some((key, ext.to_lowercase()))
+}
+
+struct Field {
+    name: String,
+    ext: String,
+    kind: Kind,
+    mode: Option<ImageMode>,
+    /// An array field's header (its first sample's): every sample's must match.
+    header: Option<Header>,
+}
+
+/// A member of a sample: its extension, and where its bytes are (offset, size).
+type Placed = (String, u64, u64);
+
+/// A sample: its shard, its key, and each field's member (offset, size), if it has one.
+struct Sample {
+    shard: usize,
+    key: String,
+    members: Vec<Option<(u64, u64)>>,
+}
+
+pub struct WdsSource {
+    path: PathBuf,
+    root: PathBuf,
+    shards: Vec<(PathBuf, std::fs::File, Stamp)>,
+    fields: Vec<Field>,
+    samples: Vec<Sample>,
+    access: Arc<[PathBuf]>,
+    /// Left out (extensions), and the shards cut short.
+    skipped: Vec<String>,
+    cut: Vec<String>,
+    max_value_bytes: u64,
+}
+
+impl WdsSource {
+    fn open(path: &Path, wanted: &[(String, String, Option<ImageMode>)]) -> Result<WdsSource> {
+        let paths = shards(path)?;
+        let mut shards = vec![];
+        // Each shard's samples: shard, key, then (extension, at, size) of its members.
+        let mut grouped: Vec<(usize, String, Vec<Placed>)> = vec![];
+        let mut cut = vec![];
+        for (k, p) in paths.iter().enumerate() {
+            let file = crate::access::open_no_magiclinks(p, libc::O_NONBLOCK)
+                .with_context(|| format!("opening {}", p.display()))?;
+            let m = file.metadata()?;
+            ensure!(m.is_file(), "{} is not a regular file", p.display());
+            let (members, cut_at) =
+                members(&file, m.len()).with_context(|| format!("reading {}", p.display()))?;
+            let first_of_shard = grouped.len();
+            for member in members {
+                let Some((key, ext)) = key_and_ext(&member.name) else {
+                    continue;
+                };
+                match grouped.last_mut() {
+                    Some((s, last, fields)) if *s == k && *last == key => {
+                        fields.push((ext, member.at, member.size))
+                    }
+                    _ => grouped.push((k, key, vec![(ext, member.at, member.size)])),
+                }
+            }
+            if let Some(why) = cut_at {
+                // The sample the cut fell in may lack members: it is left out.
+                if grouped.len() > first_of_shard {
+                    grouped.pop();
+                }
+                tracing::warn!(shard = %p.display(), "{why}: its complete samples are served");
+                cut.push(format!("{}: {why}", p.display()));
+            }
+            shards.push((p.clone(), file, Stamp::of_metadata(&m)));
+        }
+        ensure!(
+            !grouped.is_empty(),
+            "{}: no samples in its shards",
+            path.display()
+        );
+        let first = &grouped[0].2;
+        let mut skipped = vec![];
+        let mut fields: Vec<Field> = if wanted.is_empty() {
+            let mut f = vec![];
+            for (ext, _, _) in first {
+                match kind_of(ext) {
+                    Some(kind) => f.push(Field {
+                        name: ext.clone(),
+                        ext: ext.clone(),
+                        kind,
+                        mode: None,
+                        header: None,
+                    }),
+                    None => skipped.push(ext.clone()),
+                }
+            }
+            f
+        } else {
+            wanted
+                .iter()
+                .map(|(name, ext, mode)| {
+                    let kind = kind_of(ext).with_context(|| {
+                        format!("field {name:?}: `.{ext}` members are not served (text and json are not)")
+                    })?;
+                    Ok(Field {
+                        name: name.clone(),
+                        ext: ext.to_lowercase(),
+                        kind,
+                        mode: *mode,
+                        header: None,
+                    })
+                })
+                .collect::<Result<_>>()?
+        };
+        ensure!(
+            !fields.is_empty(),
+            "{}: no member larder serves in the first sample (left out: {})",
+            path.display(),
+            skipped.join(", ")
+        );
+        let samples: Vec<Sample> = grouped
+            .into_iter()
+            .map(|(shard, key, members)| Sample {
+                shard,
+                key,
+                members: fields
+                    .iter()
+                    .map(|f| {
+                        members
+                            .iter()
+                            .find(|(e, _, _)| *e == f.ext)
+                            .map(|&(_, at, size)| (at, size))
+                    })
+                    .collect(),
+            })
+            .collect();
+        // An array field's shape: its first sample's header.
+        for (k, f) in fields.iter_mut().enumerate() {
+            if f.kind == Kind::Array {
+                let s = samples
+                    .iter()
+                    .find(|s| s.members[k].is_some())
+                    .context("an array field no sample has")?;
+                let (at, size) = s.members[k].unwrap_or_default();
+                let mut head = vec![0u8; size.min(65536 + 12) as usize];
+                shards[s.shard].1.read_exact_at(&mut head, at)?;
+                f.header =
+                    Some(Header::parse(&head).with_context(|| format!("{}.{}", s.key, f.ext))?);
+            }
+        }
+        let root = if path.to_string_lossy().contains('{') {
+            path.parent().unwrap_or(Path::new(".")).to_path_buf()
+        } else {
+            path.to_path_buf()
+        };
+        let mut access = vec![root.clone()];
+        access.extend(paths.iter().cloned());
+        access.dedup();
+        Ok(WdsSource {
+            path: path.to_path_buf(),
+            root,
+            shards,
+            fields,
+            samples,
+            access: access.into(),
+            skipped,
+            cut,
+            max_value_bytes: u64::MAX,
+        })
+    }
+
+    fn value(&self, s: &Sample, k: usize) -> Result<Value> {
+        let f = &self.fields[k];
+        let (at, size) = s.members[k].with_context(|| format!("no .{} member", f.ext))?;
+        ensure!(
+            size <= self.max_value_bytes,
+            "its .{} member takes {size} bytes, over the {} a sample may",
+            f.ext,
+            self.max_value_bytes
+        );
+        let mut data = vec![0u8; size as usize];
+        self.shards[s.shard].1.read_exact_at(&mut data, at)?;
+        if f.kind != Kind::Array {
+            return Ok(Value::new(vec![], data));
+        }
+        let want = f.header.as_ref().context("no header")?;
+        let h = Header::parse(&data)?;
+        ensure!(
+            h.dtype == want.dtype && h.shape == want.shape && !h.boolean,
+            "its .npy is {:?} {:?}, not the field's {:?} {:?}",
+            h.dtype,
+            h.shape,
+            want.dtype,
+            want.shape
+        );
+        let bytes = h.row_bytes().unwrap_or(0) * h.shape.first().copied().unwrap_or(0);
+        let body = data
+            .get(h.data_offset as usize..(h.data_offset + bytes) as usize)
+            .context("its .npy is cut short")?;
+        let dims = h.shape.iter().map(|&d| d as u32).collect();
+        Ok(Value::new(dims, body.to_vec()))
+    }
+}
+
+impl RawSource for WdsSource {
+    fn len(&self) -> u64 {
+        self.samples.len() as u64
+    }
+
+    fn read_range(&self, start: u64, count: u64) -> Result<Vec<RawSample>> {
+        let end = start
+            .checked_add(count)
+            .filter(|&e| e <= self.len())
+            .with_context(|| format!("samples {start}..+{count} of {}", self.len()))?;
+        let out = (start..end)
+            .map(|i| {
+                let s = &self.samples[i as usize];
+                (0..self.fields.len())
+                    .map(|k| self.value(s, k))
+                    .collect::<Result<RawSample>>()
+                    .with_context(|| {
+                        format!("sample {:?} of {}", s.key, self.shards[s.shard].0.display())
+                    })
+            })
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| self.changed().map_or(e, super::changed_error))?;
+        if let Some(why) = self.changed() {
+            return Err(super::changed_error(why));
+        }
+        Ok(out)
+    }
+
+    fn read_granule(&self) -> u64 {
+        1
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        self.samples
+            .iter()
+            .flat_map(|s| s.members.iter().flatten().map(|m| m.1))
+            .sum()
+    }
+
+    fn disk_bytes_of(&self, index: u64) -> u64 {
+        self.samples
+            .get(index as usize)
+            .map_or(0, |s| s.members.iter().flatten().map(|m| m.1).sum())
+    }
+
+    fn describe(&self) -> String {
+        let names: Vec<&str> = self.fields.iter().map(|f| f.name.as_str()).collect();
+        let mut d = format!("webdataset:{}#{}", self.path.display(), names.join(","));
+        if !self.skipped.is_empty() {
+            d.push_str(&format!(" (left out: {})", self.skipped.join(", ")));
+        }
+        if !self.cut.is_empty() {
+            d.push_str(&format!(" (cut short: {})", self.cut.join("; ")));
+        }
+        d
+    }
+
+    fn sample_name(&self, index: u64) -> String {
+        self.samples.get(index as usize).map_or_else(
+            || format!("sample {index}"),
+            |s| format!("{} of {}", s.key, self.shards[s.shard].0.display()),
+        )
+    }
+}
+
+impl Provenance for WdsSource {
+    fn version(&self) -> String {
+        let v: Vec<String> = self
+            .shards
+            .iter()
+            .map(|(p, _, _)| file_version(p))
+            .collect();
+        v.join("|")
+    }
+
+    fn changed(&self) -> Option<String> {
+        self.shards.iter().find_map(|(p, _, s)| s.changed(p))
+    }
+
+    fn files(&self) -> Arc<[PathBuf]> {
+        self.access.clone()
+    }
+
+    fn root(&self) -> &Path {
+        &self.root
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_extensions_and_braces_as_webdataset_reads_them() {
+        assert_eq!(
+            key_and_ext("a/b/s0001.seg.PNG"),
+            Some(("a/b/s0001".into(), "seg.png".into()))
+        );
+        assert_eq!(key_and_ext("__meta__.json"), None);
+        assert_eq!(kind_of("seg.png"), Some(Kind::Image));
+        assert_eq!(kind_of("json"), None);
+        assert_eq!(
+            expand_braces("d/train-{008..010}.tar").unwrap().unwrap(),
+            vec!["d/train-008.tar", "d/train-009.tar", "d/train-010.tar"]
+        );
+        assert!(expand_braces("x{3..1}").is_err());
+    }
+}
