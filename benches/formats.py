@@ -7,7 +7,10 @@ in a torch DataLoader with 2 workers doing the same decode, taking turns, in one
   `kind = "hf"` eval pipeline (resize 256, crop 224);
 - parquet: the same images and labels as hub-style shards (`data/train-0000k-of-00002.parquet`,
   `to_parquet`), read by `pyarrow.parquet` a row group at a time in a map-style Dataset with the
-  same decode, against larder's `kind = "parquet"`.
+  same decode, against larder's `kind = "parquet"`;
+- webdataset: the same images and labels as tar shards (`ShardWriter`, 200 a shard), read by
+  `webdataset.WebDataset(...).decode("pil")` with its own approximate shuffle (shards, then a
+  buffer of 100) and the same resize and crop, against larder's `kind = "webdataset"`.
 
     PYTHONPATH=python .venv/bin/python benches/formats.py [--rounds 3] [--plot]
 
@@ -53,6 +56,36 @@ def make_parquet(hf: pathlib.Path, root: pathlib.Path) -> None:
     root.mkdir(parents=True)
     for k in range(2):
         ds.shard(2, k, contiguous=True).to_parquet(str(root / f"train-0000{k}-of-00002.parquet"), batch_size=100)
+
+
+def make_wds(hf: pathlib.Path, root: pathlib.Path) -> None:
+    import datasets
+    import webdataset as wds
+
+    ds = datasets.load_from_disk(str(hf)).with_format("arrow")
+    root.mkdir(parents=True)
+    table = ds[:]
+    images, labels = table["image"].to_pylist(), table["label"].to_pylist()
+    with wds.ShardWriter(str(root / "train-%06d.tar"), maxcount=200, verbose=0) as sink:
+        for i, (img, label) in enumerate(zip(images, labels)):
+            sink.write({"__key__": f"s{i:06d}", "jpg": img["bytes"], "cls": label})
+
+
+def wds_epoch(path: pathlib.Path) -> float:
+    import torch
+    import torchvision.transforms as T
+    import webdataset as wds
+
+    t = T.Compose([T.Resize(256), T.CenterCrop(224), T.PILToTensor()])
+    shards = sorted(str(p) for p in path.glob("*.tar"))
+    ds = (wds.WebDataset(shards, shardshuffle=len(shards), nodesplitter=wds.split_by_node,
+                         workersplitter=wds.split_by_worker, empty_check=False)
+          .shuffle(100).decode("pil").to_tuple("jpg", "cls").map_tuple(lambda i: t(i.convert("RGB")), int))
+    dl = torch.utils.data.DataLoader(ds, batch_size=32, num_workers=2, collate_fn=lambda rows: rows)
+    start, n = time.perf_counter(), 0
+    for b in dl:
+        n += len(b)
+    return n / (time.perf_counter() - start)
 
 
 class ParquetRows:
@@ -130,6 +163,8 @@ def loader_epoch(kind: str, path: pathlib.Path) -> float:
     """Samples/s of one epoch through the library's own path in a DataLoader with 2 workers."""
     import torch
 
+    if kind == "webdataset":
+        return wds_epoch(path)
     if kind == "npy":
         ds = NpyRows(path)
     elif kind == "parquet":
@@ -167,13 +202,14 @@ def main() -> int:
     args = p.parse_args()
     larderd, larder = binary("larderd", args.debug), binary("larder", args.debug)
     daemon = None
-    runs = {(k, w): [] for k in ("npy", "hf", "parquet") for w in ("larder", "loader")}
+    runs = {(k, w): [] for k in ("npy", "hf", "parquet", "webdataset") for w in ("larder", "loader")}
     with tempfile.TemporaryDirectory() as tmp:
         root = pathlib.Path(tmp)
         print(f"making {args.rows} npy rows and {args.images} JPEGs in a save_to_disk folder...", flush=True)
         make_npy(root / "npy", args.rows)
         make_hf(root / "hf", args.images)
         make_parquet(root / "hf", root / "parquet")
+        make_wds(root / "hf", root / "webdataset")
         socket = root / "larder.sock"
         config = root / "larder.toml"
         config.write_text(
@@ -181,6 +217,8 @@ def main() -> int:
             f'[[dataset]]\nname = "npy"\npath = "{root / "npy"}"\n'
             f'[[dataset]]\nname = "hf"\npath = "{root / "hf"}"\nresize = 256\ncrop = 224\n'
             f'[[dataset]]\nname = "parquet"\nkind = "parquet"\npath = "{root / "parquet"}"\n'
+            f'resize = 256\ncrop = 224\n'
+            f'[[dataset]]\nname = "webdataset"\nkind = "webdataset"\npath = "{root / "webdataset"}"\n'
             f'resize = 256\ncrop = 224\n')
         try:
             daemon = subprocess.Popen([larderd, "--config", str(config)], stderr=subprocess.DEVNULL)
@@ -203,7 +241,7 @@ def main() -> int:
                 daemon.terminate()
                 daemon.wait()
     rows = []
-    for kind in ("npy", "hf", "parquet"):
+    for kind in ("npy", "hf", "parquet", "webdataset"):
         a, b = statistics.median(runs[(kind, "larder")]), statistics.median(runs[(kind, "loader")])
         rows.append({"format": kind, "larder_per_s": a, "loader_per_s": b, "larder_vs_loader": a / b,
                      "larder_rounds": runs[(kind, "larder")], "loader_rounds": runs[(kind, "loader")]})
