@@ -219,7 +219,8 @@ def main() -> int:
             f'[[dataset]]\nname = "parquet"\nkind = "parquet"\npath = "{root / "parquet"}"\n'
             f'resize = 256\ncrop = 224\n'
             f'[[dataset]]\nname = "webdataset"\nkind = "webdataset"\npath = "{root / "webdataset"}"\n'
-            f'resize = 256\ncrop = 224\n')
+            f'resize = 256\ncrop = 224\n'
+            f'[[dataset.field]]\nname = "image"\next = "jpg"\n[[dataset.field]]\nname = "label"\next = "cls"\n')
         try:
             daemon = subprocess.Popen([larderd, "--config", str(config)], stderr=subprocess.DEVNULL)
             deadline = time.time() + 60
