@@ -2,6 +2,7 @@
 real larderd and compared byte for byte with what the format's own library reads."""
 
 import pathlib
+import time
 
 import numpy as np
 import pytest
@@ -362,5 +363,32 @@ def test_webdataset_shards_are_served_as_webdataset_reads_them(tmp_path):
                 gz = tmp_path / "x.tar.gz"
                 gz.write_bytes(b"")
                 c.add_dataset("gz", gz, kind="webdataset")
+    finally:
+        d.stop()
+
+
+def test_a_numpy_file_that_changes_is_never_served_as_what_it_held(tmp_path):
+    """Rewritten under the daemon: a stream then gets the new values or a clear error naming the
+    change, never the old bytes as if they were the file's."""
+    path = tmp_path / "ch"
+    path.mkdir()
+    np.save(path / "x.npy", np.zeros((N, 4), np.int32))
+    d = Daemon(tmp_path, f'[[dataset]]\nname = "ch"\npath = "{path}"\n', budget_bytes=0)
+    try:
+        with larder.Client(d.unix) as c:
+            assert all(not b["x"].any() for b in c.stream("ch", 8))
+            np.save(path / "x.npy", np.ones((N + 3, 4), np.int32))
+            deadline = time.time() + 20
+            while True:
+                try:
+                    values = [b["x"] for b in c.stream("ch", 8, epoch=1)]
+                except larder.LarderError as e:
+                    assert "chang" in str(e), e
+                else:
+                    if all(v.all() for v in values):
+                        break  # reopened: the new file's values, and only those
+                    assert not any(v.any() for v in values), "old and new mixed"
+                assert time.time() < deadline, "never saw the change"
+                time.sleep(0.5)
     finally:
         d.stop()
