@@ -1,5 +1,6 @@
-"""Data where users keep it: NumPy arrays (np.save, np.savez, np.savez_compressed), served by a
-real larderd and compared byte for byte with what the format's own library reads."""
+"""Data where users keep it: NumPy arrays (np.save, np.savez, np.savez_compressed), Hugging Face
+datasets (save_to_disk), Parquet shards and WebDataset tars, each written by the format's own
+library, served by a real larderd and compared byte for byte with what that library reads."""
 
 import pathlib
 import time
