@@ -284,18 +284,24 @@ def test_hugging_face_jpegs_are_turned_upright_as_datasets_turns_them(tmp_path):
 
 
 def test_new_kinds_shard_across_ranks_and_resume_exactly(tmp_path):
-    """DDP ranks of an npy and an hf dataset together read each sample once; a rank resumed
-    mid-epoch reads exactly the rest of its shard."""
+    """DDP ranks of an npy, an hf and a webdataset dataset together read each sample once; a
+    rank resumed mid-epoch reads exactly the rest of its shard."""
     datasets = pytest.importorskip("datasets")
     (tmp_path / "np").mkdir()
     np.save(tmp_path / "np" / "x.npy", np.arange(N * 4, dtype=np.int32).reshape(N, 4))
     hf_dataset(N).remove_columns(["grid", "seq", "caption"]).save_to_disk(str(tmp_path / "hf"))
+    wds = pytest.importorskip("webdataset")
+    (tmp_path / "wds").mkdir()
+    with wds.ShardWriter(str(tmp_path / "wds" / "s-%03d.tar"), maxcount=20, verbose=0) as sink:
+        for i in range(N):
+            sink.write({"__key__": f"k{i:04d}", "cls": i})
     tables = (f'[[dataset]]\nname = "np"\npath = "{tmp_path / "np"}"\n'
-              f'[[dataset]]\nname = "hf"\npath = "{tmp_path / "hf"}"\nresize = 0\ncrop = 0\n')
+              f'[[dataset]]\nname = "hf"\npath = "{tmp_path / "hf"}"\nresize = 0\ncrop = 0\n'
+              f'[[dataset]]\nname = "wds"\nkind = "webdataset"\npath = "{tmp_path / "wds"}"\n')
     d = Daemon(tmp_path, tables)
     try:
         with larder.Client(d.unix) as c:
-            for name in ["np", "hf"]:
+            for name in ["np", "hf", "wds"]:
                 shards = [[int(i) for b in c.stream(name, 5, seed=3, rank=r, world_size=3, even_batches=False) for i in b.sample_ids]
                           for r in range(3)]
                 assert sorted(sum(shards, [])) == list(range(N)), name
