@@ -585,22 +585,9 @@ mod tests {
             let fd = reader_end.as_raw_fd();
             while let Ok(Some(m)) = wire::recv(fd) {
                 if m.kind == OPEN {
-                    let schema =
-                        Schema::new(vec![FieldSpec::fixed("x", DType::Uint8, &[4])]).unwrap();
-                    let mut w = Writer::default();
-                    w.str("hdf5")
-                        .u64(2)
-                        .u64(1)
-                        .u64(8)
-                        .str("fake")
-                        .str("v1")
-                        .str("/fake")
-                        .str("Identity");
-                    reader::write_schema(&mut w, &schema);
-                    let bulk =
-                        wire::sealed_memfd("m", &[4u64.to_le_bytes(), 4u64.to_le_bytes()].concat())
-                            .unwrap();
-                    wire::send(fd, OPEN, m.id, &w.0, Some(bulk.as_raw_fd())).unwrap();
+                    let (payload, bulk) = honest_open();
+                    let bulk = wire::sealed_memfd("m", &bulk.unwrap()).unwrap();
+                    wire::send(fd, OPEN, m.id, &payload, Some(bulk.as_raw_fd())).unwrap();
                     continue;
                 }
                 let records = |n: usize| wire::sealed_memfd("r", &vec![7u8; n]).unwrap();

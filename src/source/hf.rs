@@ -34,12 +34,13 @@ struct DatasetKeys {
     split: Option<String>,
 }
 
+/// The keys of a `[[dataset.field]]` table of a columnar kind (hf, parquet).
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-struct FieldKeys {
+pub(super) struct FieldKeys {
     /// The column (default: the field's name).
     #[serde(default)]
-    column: Option<String>,
+    pub(super) column: Option<String>,
 }
 
 impl Format for Hf {
@@ -60,23 +61,7 @@ impl Format for Hf {
     }
 
     fn check(&self, c: &DatasetConfig) -> Result<()> {
-        let _: DatasetKeys = super::dataset_options(self, c)?;
-        for f in &c.fields {
-            let _: FieldKeys = super::field_options(self, f)?;
-            ensure!(
-                f.pair.is_none(),
-                "field {:?}: `pair` is not read for kind hf",
-                f.name
-            );
-        }
-        let crop = c.crop_size(self.default_crop());
-        let kept = c.kept_size(crop);
-        ensure!(
-            kept == 0 || crop.is_none_or(|c| kept >= c),
-            "need crop <= resize (crop = {}, resize = {kept})",
-            crop.unwrap_or(0)
-        );
-        Ok(())
+        super::check_unpaired::<DatasetKeys, FieldKeys>(self, c)
     }
 
     fn default_crop(&self) -> Option<u32> {
@@ -90,18 +75,25 @@ impl Format for Hf {
     fn open(&self, c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
         let keys: DatasetKeys = super::dataset_options(self, c)?;
         let files = arrow_files(&c.path, keys.split.as_deref().unwrap_or("train"))?;
-        let wanted: Vec<(crate::config::FieldConfig, String)> = c
-            .fields
-            .iter()
-            .map(|f| {
-                let k: FieldKeys = super::field_options(self, f)?;
-                Ok((f.clone(), k.column.unwrap_or_else(|| f.name.clone())))
-            })
-            .collect::<Result<_>>()?;
+        let wanted = wanted_columns(self, c)?;
         let mut source = HfSource::open(&c.path, files, &wanted)?;
         source.max_value_bytes = limits.max_sample_bytes;
         opened(c, &source.columns.clone(), Box::new(source), &Hf)
     }
+}
+
+/// The columns `c`'s `[[dataset.field]]` tables name: (field, column), in their order.
+pub(super) fn wanted_columns(
+    format: &dyn Format,
+    c: &DatasetConfig,
+) -> Result<Vec<(crate::config::FieldConfig, String)>> {
+    c.fields
+        .iter()
+        .map(|f| {
+            let k: FieldKeys = super::field_options(format, f)?;
+            Ok((f.clone(), k.column.unwrap_or_else(|| f.name.clone())))
+        })
+        .collect()
 }
 
 /// A columnar dataset (hf, parquet) opened: its columns as fields, images through the image

@@ -122,14 +122,7 @@ impl Format for Images {
     }
 
     fn check(&self, c: &DatasetConfig) -> Result<()> {
-        let crop = c.crop_size(self.default_crop());
-        let kept = c.kept_size(crop);
-        if kept != 0 && crop.is_some_and(|c| kept < c) {
-            bail!(
-                "need crop <= resize (crop = {}, resize = {kept})",
-                crop.unwrap_or(0)
-            );
-        }
+        super::check_crop_fits(self, c)?;
         self.fields(c).map(drop)
     }
 

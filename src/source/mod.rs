@@ -22,7 +22,7 @@ use crate::config::keys::keys_of;
 use crate::config::{Config, DatasetConfig, FieldConfig, Limits, TrainCrop};
 use crate::fields::Schema;
 use crate::pipeline::Preprocess;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use serde::de::DeserializeOwned;
 use std::path::Path;
 
@@ -101,6 +101,37 @@ pub fn format_of(c: &DatasetConfig) -> Result<&'static dyn Format> {
         None => recognize(&c.path),
     }
     .with_context(|| format!("dataset {:?}", c.name))
+}
+
+/// Checks that the crop `c` asks for fits in the size `format`'s images are kept at.
+fn check_crop_fits(format: &dyn Format, c: &DatasetConfig) -> Result<()> {
+    let crop = c.crop_size(format.default_crop());
+    let kept = c.kept_size(crop);
+    ensure!(
+        kept == 0 || crop.is_none_or(|c| kept >= c),
+        "need crop <= resize (crop = {}, resize = {kept})",
+        crop.unwrap_or(0)
+    );
+    Ok(())
+}
+
+/// Checks a kind whose fields stand alone (columns, members): its dataset keys read as `D`,
+/// each field's as `F`, no field paired, and the crop within the size kept.
+fn check_unpaired<D: DeserializeOwned, F: DeserializeOwned>(
+    format: &dyn Format,
+    c: &DatasetConfig,
+) -> Result<()> {
+    let _: D = dataset_options(format, c)?;
+    for f in &c.fields {
+        let _: F = field_options(format, f)?;
+        ensure!(
+            f.pair.is_none(),
+            "field {:?}: `pair` is not read for kind {}",
+            f.name,
+            format.name()
+        );
+    }
+    check_crop_fits(format, c)
 }
 
 /// Checks dataset `c` whole, for `format`: the keys every kind reads, then the kind's own.

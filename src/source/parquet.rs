@@ -30,14 +30,6 @@ pub struct Parquet;
 #[serde(deny_unknown_fields)]
 struct DatasetKeys {}
 
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FieldKeys {
-    /// The column (default: the field's name).
-    #[serde(default)]
-    column: Option<String>,
-}
-
 impl Format for Parquet {
     fn name(&self) -> &'static str {
         "parquet"
@@ -55,27 +47,11 @@ impl Format for Parquet {
     }
 
     fn field_keys(&self) -> Vec<&'static str> {
-        keys_of::<FieldKeys>()
+        keys_of::<super::hf::FieldKeys>()
     }
 
     fn check(&self, c: &DatasetConfig) -> Result<()> {
-        let _: DatasetKeys = super::dataset_options(self, c)?;
-        for f in &c.fields {
-            let _: FieldKeys = super::field_options(self, f)?;
-            ensure!(
-                f.pair.is_none(),
-                "field {:?}: `pair` is not read for kind parquet",
-                f.name
-            );
-        }
-        let crop = c.crop_size(self.default_crop());
-        let kept = c.kept_size(crop);
-        ensure!(
-            kept == 0 || crop.is_none_or(|c| kept >= c),
-            "need crop <= resize (crop = {}, resize = {kept})",
-            crop.unwrap_or(0)
-        );
-        Ok(())
+        super::check_unpaired::<DatasetKeys, super::hf::FieldKeys>(self, c)
     }
 
     fn default_crop(&self) -> Option<u32> {
@@ -87,14 +63,7 @@ impl Format for Parquet {
     }
 
     fn open(&self, c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
-        let wanted: Vec<(crate::config::FieldConfig, String)> = c
-            .fields
-            .iter()
-            .map(|f| {
-                let k: FieldKeys = super::field_options(self, f)?;
-                Ok((f.clone(), k.column.unwrap_or_else(|| f.name.clone())))
-            })
-            .collect::<Result<_>>()?;
+        let wanted = super::hf::wanted_columns(self, c)?;
         let mut source = ParquetSource::open(&c.path, &wanted)?;
         source.max_value_bytes = limits.max_sample_bytes;
         let columns = source.columns.clone();

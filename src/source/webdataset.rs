@@ -75,23 +75,7 @@ impl Format for WebDataset {
     }
 
     fn check(&self, c: &DatasetConfig) -> Result<()> {
-        let _: DatasetKeys = super::dataset_options(self, c)?;
-        for f in &c.fields {
-            let _: FieldKeys = super::field_options(self, f)?;
-            ensure!(
-                f.pair.is_none(),
-                "field {:?}: `pair` is not read for kind webdataset",
-                f.name
-            );
-        }
-        let crop = c.crop_size(self.default_crop());
-        let kept = c.kept_size(crop);
-        ensure!(
-            kept == 0 || crop.is_none_or(|c| kept >= c),
-            "need crop <= resize (crop = {}, resize = {kept})",
-            crop.unwrap_or(0)
-        );
-        Ok(())
+        super::check_unpaired::<DatasetKeys, FieldKeys>(self, c)
     }
 
     fn default_crop(&self) -> Option<u32> {
