@@ -277,10 +277,13 @@ fn members(file: &std::fs::File, size: u64) -> Result<(Vec<Member>, Option<Strin
             len = s;
         }
         let data = at + 512;
-        let next = data
-            .checked_add(len.div_ceil(512) * 512)
+        // A forged size near 2^64 must neither wrap nor pass for one that fits the file.
+        let next = len
+            .div_ceil(512)
+            .checked_mul(512)
+            .and_then(|padded| data.checked_add(padded))
             .context("a member size over 2^64")?;
-        if data + len > size {
+        if data.checked_add(len).is_none_or(|end| end > size) {
             let name = pax_path
                 .or(long_name)
                 .unwrap_or_else(|| text_of(&header[..100]));
@@ -633,6 +636,44 @@ impl Provenance for WdsSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A ustar header for `name` of `size` bytes (base-256 when over the octal field).
+    fn header(name: &str, size: u64) -> [u8; 512] {
+        let mut h = [0u8; 512];
+        h[..name.len()].copy_from_slice(name.as_bytes());
+        h[100..107].copy_from_slice(b"0000644");
+        if size < 0o77777777777 {
+            h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
+        } else {
+            h[124] = 0x80;
+            h[128..136].copy_from_slice(&size.to_be_bytes());
+        }
+        h[156] = b'0';
+        h[257..263].copy_from_slice(b"ustar\0");
+        h[148..156].copy_from_slice(b"        ");
+        let sum: u64 = h.iter().map(|&b| b as u64).sum();
+        h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        h
+    }
+
+    #[test]
+    fn forged_member_sizes_are_a_cut_shard_never_a_wrap() {
+        for size in [u64::MAX, u64::MAX - 511, 1 << 62, 4096] {
+            let mut tar = header("s0.cls", 1).to_vec();
+            tar.extend_from_slice(&[b'7'; 512]);
+            tar.extend_from_slice(&header("s1.cls", size));
+            tar.extend_from_slice(&[b'3'; 512]);
+            let f = tempfile::tempfile().unwrap();
+            std::io::Write::write_all(&mut &f, &tar).unwrap();
+            match members(&f, tar.len() as u64) {
+                Ok((m, cut)) => {
+                    assert_eq!(m.len(), 1, "{size}: only the member that fits");
+                    assert!(cut.is_some_and(|c| c.contains("s1.cls")), "{size}");
+                }
+                Err(e) => assert!(format!("{e:#}").contains("2^64"), "{size}: {e:#}"),
+            }
+        }
+    }
 
     #[test]
     fn keys_extensions_and_braces_as_webdataset_reads_them() {
