@@ -1,6 +1,7 @@
 """Data where users keep it: NumPy arrays (np.save, np.savez, np.savez_compressed), Hugging Face
-datasets (save_to_disk), Parquet shards and WebDataset tars, each written by the format's own
-library, served by a real larderd and compared byte for byte with what that library reads."""
+datasets (save_to_disk), Parquet shards, WebDataset tars and BasicSR's LMDB environments, each
+written by the format's own library, served by a real larderd and compared byte for byte with
+what that library reads."""
 
 import pathlib
 import time
@@ -284,8 +285,8 @@ def test_hugging_face_jpegs_are_turned_upright_as_datasets_turns_them(tmp_path):
 
 
 def test_new_kinds_shard_across_ranks_and_resume_exactly(tmp_path):
-    """DDP ranks of an npy, an hf and a webdataset dataset together read each sample once; a
-    rank resumed mid-epoch reads exactly the rest of its shard."""
+    """DDP ranks of an npy, an hf, a webdataset and an lmdb dataset together read each sample
+    once; a rank resumed mid-epoch reads exactly the rest of its shard."""
     datasets = pytest.importorskip("datasets")
     (tmp_path / "np").mkdir()
     np.save(tmp_path / "np" / "x.npy", np.arange(N * 4, dtype=np.int32).reshape(N, 4))
@@ -295,13 +296,17 @@ def test_new_kinds_shard_across_ranks_and_resume_exactly(tmp_path):
     with wds.ShardWriter(str(tmp_path / "wds" / "s-%03d.tar"), maxcount=20, verbose=0) as sink:
         for i in range(N):
             sink.write({"__key__": f"k{i:04d}", "cls": i})
+    rng = np.random.default_rng(0)
+    basicsr_lmdb(tmp_path / "lmdb", [rng.integers(0, 256, (3, 2, 3), dtype=np.uint8) for _ in range(N)],
+                 [f"{i:05d}" for i in range(N)])
     tables = (f'[[dataset]]\nname = "np"\npath = "{tmp_path / "np"}"\n'
               f'[[dataset]]\nname = "hf"\npath = "{tmp_path / "hf"}"\nresize = 0\ncrop = 0\n'
-              f'[[dataset]]\nname = "wds"\nkind = "webdataset"\npath = "{tmp_path / "wds"}"\n')
+              f'[[dataset]]\nname = "wds"\nkind = "webdataset"\npath = "{tmp_path / "wds"}"\n'
+              f'[[dataset]]\nname = "lmdb"\npath = "{tmp_path / "lmdb"}"\n')
     d = Daemon(tmp_path, tables)
     try:
         with larder.Client(d.unix) as c:
-            for name in ["np", "hf", "wds"]:
+            for name in ["np", "hf", "wds", "lmdb"]:
                 shards = [[int(i) for b in c.stream(name, 5, seed=3, rank=r, world_size=3, even_batches=False) for i in b.sample_ids]
                           for r in range(3)]
                 assert sorted(sum(shards, [])) == list(range(N)), name
@@ -397,5 +402,116 @@ def test_a_numpy_file_that_changes_is_never_served_as_what_it_held(tmp_path):
                     assert not any(v.any() for v in values), "old and new mixed"
                 assert time.time() < deadline, "never saw the change"
                 time.sleep(0.5)
+    finally:
+        d.stop()
+
+
+def basicsr_lmdb(path, images, keys, meta_order=None):
+    """An LMDB environment as BasicSR's `make_lmdb_from_imgs` writes it: each key's image as a
+    PNG (compression level 1), keys in sorted order, and `meta_info.txt` listing
+    `key.png (h,w,c) 1` (in `meta_order` when given)."""
+    lmdb = pytest.importorskip("lmdb")
+    import io
+
+    from PIL import Image
+
+    env = lmdb.open(str(path), map_size=64 << 20)
+    with env.begin(write=True) as txn:
+        for key, img in sorted(zip(keys, images)):
+            buf = io.BytesIO()
+            Image.fromarray(img).save(buf, format="PNG", compress_level=1)
+            txn.put(key.encode("ascii"), buf.getvalue())
+    env.close()
+    shape = {k: img.shape for k, img in zip(keys, images)}
+    with open(path / "meta_info.txt", "w") as f:
+        for key in meta_order or sorted(keys):
+            h, w, c = shape[key]
+            f.write(f"{key}.png ({h},{w},{c}) 1\n")
+
+
+def test_basicsr_lmdb_pairs_are_served_as_basicsr_reads_them(tmp_path):
+    """High- and low-resolution environments paired by key, in meta_info.txt's order, each
+    image byte for byte what LMDB get + decode gives; the train pipeline's crops aligned (the
+    high-resolution box 4x the low one) on every sample."""
+    lmdb = pytest.importorskip("lmdb")
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(9)
+    n = 29
+    keys = [f"{i // 4 + 1:04d}_s{i % 4 + 1:03d}" for i in range(n)]
+    lq = [rng.integers(0, 256, (12, 12, 3), dtype=np.uint8) for _ in range(n)]
+    gt = [np.kron(x, np.ones((4, 4, 1), dtype=np.uint8)) for x in lq]  # 48 x 48, each LR pixel 4 x 4
+    order = keys[::-1]  # meta_info's order, not the keys' sorted order
+    sr = tmp_path / "sr"
+    sr.mkdir()
+    basicsr_lmdb(sr / "lq.lmdb", lq, keys, order)
+    basicsr_lmdb(sr / "gt.lmdb", gt, keys, order)
+    # What BasicSR reads: get the key's bytes, decode, RGB.
+    truth = {}
+    for name in ["lq", "gt"]:
+        env = lmdb.open(str(sr / f"{name}.lmdb"), readonly=True, lock=False)
+        with env.begin() as txn:
+            truth[name] = [np.asarray(Image.open(io.BytesIO(txn.get(k.encode()))).convert("RGB")) for k in order]
+        env.close()
+    before = {p: p.stat().st_mtime_ns for p in sr.rglob("*")}
+    tables = (f'[[dataset]]\nname = "sr"\nkind = "lmdb"\npath = "{sr}"\nresize = 0\ncrop = 0\n'
+              '[[dataset.field]]\nname = "lq"\nlmdb = "lq.lmdb"\n'
+              '[[dataset.field]]\nname = "gt"\nlmdb = "gt.lmdb"\npair = { with = "lq", scale = 4 }\n'
+              f'[[dataset]]\nname = "crops"\nkind = "lmdb"\npath = "{sr}"\nresize = 0\ncrop = 8\n'
+              '[[dataset.field]]\nname = "lq"\nlmdb = "lq.lmdb"\n'
+              '[[dataset.field]]\nname = "gt"\nlmdb = "gt.lmdb"\npair = { with = "lq", scale = 4 }\n'
+              '[dataset.train]\n'
+              f'[[dataset]]\nname = "hr"\npath = "{sr / "gt.lmdb"}"\nresize = 0\ncrop = 0\n')
+    d = Daemon(tmp_path, tables)
+    try:
+        with larder.Client(d.unix) as c:
+            info = c.dataset("sr")
+            assert info.kind == "lmdb" and "meta_info.txt" in info.source
+            for epoch in range(2):
+                seen = []
+                for b in c.stream("sr", 6, seed=2, epoch=epoch):
+                    for k, i in enumerate(b.sample_ids):
+                        for name in ["lq", "gt"]:
+                            assert b[name][k].transpose(1, 2, 0).tobytes() == truth[name][int(i)].tobytes(), (name, i)
+                    seen.extend(int(i) for i in b.sample_ids)
+                assert sorted(seen) == list(range(n)), "every sample exactly once"
+            # Recognised by its data.mdb; one field, the image.
+            assert c.dataset("hr").kind == "lmdb"
+            got = {int(i): b["image"][k] for b in c.stream("hr", 8) for k, i in enumerate(b.sample_ids)}
+            assert all(got[i].transpose(1, 2, 0).tobytes() == truth["gt"][i].tobytes() for i in range(n))
+            # Train crops: the HR crop is the LR crop's box at 4x, flips and all.
+            crops = 0
+            for b in c.stream("crops", 5, pipeline="train", seed=4):
+                assert b["lq"].shape[1:] == (3, 8, 8) and b["gt"].shape[1:] == (3, 32, 32)
+                for k in range(len(b.sample_ids)):
+                    up = np.kron(b["lq"][k], np.ones((1, 4, 4), dtype=np.uint8))
+                    assert (b["gt"][k] == up).all(), int(b.sample_ids[k])
+                    crops += 1
+            assert crops == n
+    finally:
+        d.stop()
+    # Read as MDB_RDONLY | MDB_NOLOCK would: nothing in the users' folders was written.
+    assert {p: p.stat().st_mtime_ns for p in sr.rglob("*")} == before
+
+
+def test_lmdb_errors_name_the_key_and_the_file(tmp_path):
+    pytest.importorskip("lmdb")
+    rng = np.random.default_rng(1)
+    imgs = [rng.integers(0, 256, (4, 4, 3), dtype=np.uint8) for _ in range(5)]
+    keys = [f"k{i}" for i in range(5)]
+    basicsr_lmdb(tmp_path / "a.lmdb", imgs, keys)
+    basicsr_lmdb(tmp_path / "b.lmdb", imgs[:4], keys[:4])
+    (tmp_path / "c.lmdb").mkdir()
+    (tmp_path / "c.lmdb" / "data.mdb").write_bytes(b"\0" * 8192)
+    d = Daemon(tmp_path, "")
+    try:
+        with larder.Client(d.unix) as c:
+            with pytest.raises(larder.LarderError, match=r'b.lmdb has no key "k4" \(listed in .*meta_info.txt\)'):
+                c.add_dataset("pair", tmp_path, kind="lmdb",
+                              field=[{"name": "x", "lmdb": "a.lmdb"}, {"name": "y", "lmdb": "b.lmdb"}])
+            with pytest.raises(larder.LarderError, match=r"c.lmdb/data.mdb.*not an LMDB data file"):
+                c.add_dataset("forged", tmp_path / "c.lmdb")
     finally:
         d.stop()

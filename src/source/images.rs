@@ -469,34 +469,7 @@ fn open_dataset(c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
             specs.push(FieldOp::Keep.field(&f.name, &resize));
             continue;
         }
-        let mode = f.mode.unwrap_or(ImageMode::Rgb);
-        let resample = f.resample.unwrap_or(match mode {
-            ImageMode::Index => Resample::Nearest,
-            _ => c.interpolation.unwrap_or(Resample::Linear),
-        });
-        let is_reference = reference.as_deref() == Some(f.name.as_str());
-        let scale = match &f.pair {
-            Some(p) if is_reference => bail!("field {:?} is the reference image; pair the others with it", f.name),
-            Some(p) if Some(&p.with) != reference.as_ref() => bail!(
-                "field {:?} pairs with {:?}; in an image folder every image field pairs with the first one, {:?}",
-                f.name, p.with, reference.as_deref().unwrap_or("")
-            ),
-            Some(p) => p.scale,
-            None => 1,
-        };
-        let op = FieldOp::Decode {
-            mode,
-            scale,
-            resample,
-            upright: false,
-        };
-        let mut spec = op.field(&f.name, &resize);
-        if !is_reference {
-            spec.pair = Some(Pairing {
-                with: reference.clone().unwrap_or_default(),
-                scale,
-            });
-        }
+        let (op, spec) = image_field(c, f, reference.as_deref(), &resize, "an image folder")?;
         ops.push(op);
         specs.push(spec);
     }
@@ -506,6 +479,52 @@ fn open_dataset(c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
         schema: Schema::new(specs)?,
         format: &Images,
     })
+}
+
+/// How image field `f` of dataset `c` is decoded and what it serves: by its mode, at the size
+/// kept, paired with `reference` (the first image field, the scale-1 reference of the spatial
+/// group; `kind` names the source in the error when a field pairs with another).
+pub(super) fn image_field(
+    c: &DatasetConfig,
+    f: &FieldConfig,
+    reference: Option<&str>,
+    resize: &Resize,
+    kind: &str,
+) -> Result<(FieldOp, crate::fields::FieldSpec)> {
+    let mode = f.mode.unwrap_or(ImageMode::Rgb);
+    let resample = f.resample.unwrap_or(match mode {
+        ImageMode::Index => Resample::Nearest,
+        _ => c.interpolation.unwrap_or(Resample::Linear),
+    });
+    let is_reference = reference == Some(f.name.as_str());
+    let scale = match &f.pair {
+        Some(_) if is_reference => bail!(
+            "field {:?} is the reference image; pair the others with it",
+            f.name
+        ),
+        Some(p) if Some(p.with.as_str()) != reference => bail!(
+            "field {:?} pairs with {:?}; in {kind} every image field pairs with the first one, {:?}",
+            f.name,
+            p.with,
+            reference.unwrap_or("")
+        ),
+        Some(p) => p.scale,
+        None => 1,
+    };
+    let op = FieldOp::Decode {
+        mode,
+        scale,
+        resample,
+        upright: false,
+    };
+    let mut spec = op.field(&f.name, resize);
+    if !is_reference {
+        spec.pair = Some(Pairing {
+            with: reference.unwrap_or_default().to_string(),
+            scale,
+        });
+    }
+    Ok((op, spec))
 }
 
 #[cfg(test)]

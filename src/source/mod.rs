@@ -9,6 +9,7 @@ mod files;
 mod hdf5;
 mod hf;
 mod images;
+mod lmdb;
 mod npy;
 mod owner;
 mod parquet;
@@ -32,6 +33,7 @@ pub static FORMATS: &[&dyn Format] = &[
     &hf::Hf,
     &parquet::Parquet,
     &webdataset::WebDataset,
+    &lmdb::Lmdb,
     &images::Images,
     &hdf5::Hdf5,
 ];
@@ -446,7 +448,7 @@ mod tests {
             (
                 "tfrecord",
                 "",
-                "kind \"tfrecord\" is not one larder reads (it reads: npy, hf, parquet, webdataset, images, hdf5)",
+                "kind \"tfrecord\" is not one larder reads (it reads: npy, hf, parquet, webdataset, lmdb, images, hdf5)",
             ),
             (
                 "npy",
@@ -496,6 +498,10 @@ mod tests {
             );
             std::fs::remove_file(&sub).unwrap();
         }
+        let env = dir.path().join("train.lmdb");
+        std::fs::create_dir(&env).unwrap();
+        std::fs::write(env.join("data.mdb"), b"").unwrap();
+        assert_eq!(recognize(&env).unwrap().name(), "lmdb", "by its data.mdb");
         let npz = dir.path().join("a.npz");
         std::fs::write(&npz, b"").unwrap();
         assert_eq!(recognize(&npz).unwrap().name(), "npy");
