@@ -10,7 +10,12 @@ in a torch DataLoader with 2 workers doing the same decode, taking turns, in one
   same decode, against larder's `kind = "parquet"`;
 - webdataset: the same images and labels as tar shards (`ShardWriter`, 200 a shard), read by
   `webdataset.WebDataset(...).decode("pil")` with its own approximate shuffle (shards, then a
-  buffer of 100) and the same resize and crop, against larder's `kind = "webdataset"`.
+  buffer of 100) and the same resize and crop, against larder's `kind = "webdataset"`;
+- lmdb: high- and low-resolution pairs (192 and 48 pixels a side, PNG level 1) in two LMDB
+  environments as BasicSR's `make_lmdb_from_imgs` writes them, read by a BasicSR-style paired
+  `Dataset` (LMDB get, cv2 decode, a random 128/32 crop at the same place and a flip, uint8)
+  against larder's `kind = "lmdb"` train pipeline (the same crops and flips) through the Python
+  client.
 
     PYTHONPATH=python .venv/bin/python benches/formats.py [--rounds 3] [--plot]
 
@@ -33,6 +38,9 @@ import numpy as np
 import results
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+KINDS = ("npy", "hf", "parquet", "webdataset", "lmdb")
 
 
 def binary(name: str, debug: bool) -> str:
@@ -69,6 +77,84 @@ def make_wds(hf: pathlib.Path, root: pathlib.Path) -> None:
     with wds.ShardWriter(str(root / "train-%06d.tar"), maxcount=200, verbose=0) as sink:
         for i, (img, label) in enumerate(zip(images, labels)):
             sink.write({"__key__": f"s{i:06d}", "jpg": img["bytes"], "cls": label})
+
+
+def make_lmdb(hf: pathlib.Path, root: pathlib.Path) -> None:
+    """BasicSR-style pairs: 192-pixel crops of the hf images (PNG, level 1) and their 48-pixel
+    bicubic reductions, in `gt.lmdb` and `lq.lmdb` with meta_info.txt."""
+    import io
+
+    import datasets
+    import lmdb
+    from PIL import Image
+
+    ds = datasets.load_from_disk(str(hf)).with_format("arrow")
+    root.mkdir(parents=True)
+    images = ds[:]["image"].to_pylist()
+    envs = {name: lmdb.open(str(root / f"{name}.lmdb"), map_size=1 << 30) for name in ("gt", "lq")}
+    keys = []
+    for i, img in enumerate(images):
+        gt = Image.open(io.BytesIO(img["bytes"])).convert("RGB").crop((40, 40, 232, 232))
+        for name, im in (("gt", gt), ("lq", gt.resize((48, 48), Image.BICUBIC))):
+            buf = io.BytesIO()
+            im.save(buf, format="PNG", compress_level=1)
+            with envs[name].begin(write=True) as txn:
+                txn.put(f"{i:04d}_s001".encode("ascii"), buf.getvalue())
+        keys.append(f"{i:04d}_s001")
+    for name, env in envs.items():
+        env.close()
+        size = 192 if name == "gt" else 48
+        (root / f"{name}.lmdb" / "meta_info.txt").write_text("".join(f"{k}.png ({size},{size},3) 1\n" for k in keys))
+
+
+class BasicSRPairs:
+    """BasicSR's PairedImageDataset over LMDB, uint8: each worker opens the environments
+    (readonly, no lock, no readahead, as its LmdbBackend does), gets both values by key, decodes
+    them with cv2 and cuts a random 128 x 128 GT patch with its 32 x 32 LQ patch, flipped half
+    of the time."""
+
+    def __init__(self, root):
+        self.root = root
+        self.keys = [line.split(".")[0] for line in (root / "gt.lmdb" / "meta_info.txt").read_text().splitlines()]
+        self.txns = None
+
+    def __len__(self):
+        return len(self.keys)
+
+    def __getitem__(self, i):
+        import random
+
+        import cv2
+        import lmdb
+        import torch
+
+        if self.txns is None:
+            self.txns = {name: lmdb.open(str(self.root / f"{name}.lmdb"), readonly=True, lock=False,
+                                         readahead=False, meminit=False).begin(write=False) for name in ("gt", "lq")}
+        key = self.keys[i].encode("ascii")
+        img = {}
+        for name, txn in self.txns.items():
+            bgr = cv2.imdecode(np.frombuffer(txn.get(key), np.uint8), cv2.IMREAD_COLOR)
+            img[name] = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+        top, left = random.randint(0, 48 - 32), random.randint(0, 48 - 32)
+        lq = img["lq"][top:top + 32, left:left + 32]
+        gt = img["gt"][top * 4:top * 4 + 128, left * 4:left * 4 + 128]
+        if random.random() < 0.5:
+            lq, gt = lq[:, ::-1], gt[:, ::-1]
+        t = lambda a: torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1)))  # noqa: E731
+        return {"gt": t(gt), "lq": t(lq)}
+
+
+def lmdb_larder_epoch(socket: pathlib.Path, seed: int) -> float:
+    """Samples/s of one train-pipeline epoch through the Python client."""
+    sys.path.insert(0, str(REPO / "python"))
+    import larder
+
+    start, n = time.perf_counter(), 0
+    with larder.Client(f"unix:{socket}") as c:
+        for b in c.stream("lmdb", 32, pipeline="train", seed=seed):
+            n += len(b.sample_ids)
+    return n / (time.perf_counter() - start)
 
 
 def wds_epoch(path: pathlib.Path) -> float:
@@ -165,6 +251,12 @@ def loader_epoch(kind: str, path: pathlib.Path) -> float:
 
     if kind == "webdataset":
         return wds_epoch(path)
+    if kind == "lmdb":
+        dl = torch.utils.data.DataLoader(BasicSRPairs(path), batch_size=32, shuffle=True, num_workers=2)
+        start, n = time.perf_counter(), 0
+        for b in dl:
+            n += len(b["gt"])
+        return n / (time.perf_counter() - start)
     if kind == "npy":
         ds = NpyRows(path)
     elif kind == "parquet":
@@ -202,7 +294,7 @@ def main() -> int:
     args = p.parse_args()
     larderd, larder = binary("larderd", args.debug), binary("larder", args.debug)
     daemon = None
-    runs = {(k, w): [] for k in ("npy", "hf", "parquet", "webdataset") for w in ("larder", "loader")}
+    runs = {(k, w): [] for k in KINDS for w in ("larder", "loader")}
     with tempfile.TemporaryDirectory() as tmp:
         root = pathlib.Path(tmp)
         print(f"making {args.rows} npy rows and {args.images} JPEGs in a save_to_disk folder...", flush=True)
@@ -210,6 +302,7 @@ def main() -> int:
         make_hf(root / "hf", args.images)
         make_parquet(root / "hf", root / "parquet")
         make_wds(root / "hf", root / "webdataset")
+        make_lmdb(root / "hf", root / "lmdb")
         socket = root / "larder.sock"
         config = root / "larder.toml"
         config.write_text(
@@ -220,7 +313,11 @@ def main() -> int:
             f'resize = 256\ncrop = 224\n'
             f'[[dataset]]\nname = "webdataset"\nkind = "webdataset"\npath = "{root / "webdataset"}"\n'
             f'resize = 256\ncrop = 224\n'
-            f'[[dataset.field]]\nname = "image"\next = "jpg"\n[[dataset.field]]\nname = "label"\next = "cls"\n')
+            f'[[dataset.field]]\nname = "image"\next = "jpg"\n[[dataset.field]]\nname = "label"\next = "cls"\n'
+            f'[[dataset]]\nname = "lmdb"\nkind = "lmdb"\npath = "{root / "lmdb"}"\nresize = 0\ncrop = 32\n'
+            f'[[dataset.field]]\nname = "lq"\nlmdb = "lq.lmdb"\n'
+            f'[[dataset.field]]\nname = "gt"\nlmdb = "gt.lmdb"\npair = {{ with = "lq", scale = 4 }}\n'
+            f'[dataset.train]\n')
         try:
             daemon = subprocess.Popen([larderd, "--config", str(config)], stderr=subprocess.DEVNULL)
             deadline = time.time() + 60
@@ -233,7 +330,12 @@ def main() -> int:
                 order = list(runs) if r % 2 == 0 else list(runs)[::-1]
                 for kind, who in order:
                     path = root / kind
-                    v = larder_epoch(larder, socket, kind) if who == "larder" else loader_epoch(kind, path)
+                    if who == "loader":
+                        v = loader_epoch(kind, path)
+                    elif kind == "lmdb":
+                        v = lmdb_larder_epoch(socket, r)
+                    else:
+                        v = larder_epoch(larder, socket, kind)
                     runs[(kind, who)].append(v)
                 print(f"round {r + 1}: " + ", ".join(f"{k}/{w} {v[-1]:.0f}/s" for (k, w), v in runs.items()),
                       flush=True)
@@ -242,7 +344,7 @@ def main() -> int:
                 daemon.terminate()
                 daemon.wait()
     rows = []
-    for kind in ("npy", "hf", "parquet", "webdataset"):
+    for kind in KINDS:
         a, b = statistics.median(runs[(kind, "larder")]), statistics.median(runs[(kind, "loader")])
         rows.append({"format": kind, "larder_per_s": a, "loader_per_s": b, "larder_vs_loader": a / b,
                      "larder_rounds": runs[(kind, "larder")], "loader_rounds": runs[(kind, "loader")]})

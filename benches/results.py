@@ -329,7 +329,7 @@ def plot_formats(data, ax):
                       "the format's own loader (DataLoader, 2 workers)": [r["loader_per_s"] for r in rows]},
           log=True)
     ax.set_ylabel("samples/s, cold epoch (median of rounds)")
-    return "Cold epochs of NumPy and Hugging Face data: larder against each format's own loader"
+    return "Cold epochs of each format: larder against the format's own loader"
 
 
 PLOTS = {
