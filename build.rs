@@ -2,10 +2,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     // SAFETY: build scripts are single-threaded; prost-build reads PROTOC from the environment.
     unsafe { std::env::set_var("PROTOC", protoc) };
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    // The descriptors of every service served, for gRPC reflection.
     tonic_prost_build::configure()
+        .file_descriptor_set_path(out.join("descriptors.bin"))
         .bytes(".larder.v1.Batch.data")
         .bytes(".larder.v1.FieldBatch.data")
-        .compile_protos(&["proto/larder/v1/larder.proto"], &["proto"])?;
-    println!("cargo:rerun-if-changed=proto/larder/v1/larder.proto");
+        .compile_protos(
+            &[
+                "proto/larder/v1/larder.proto",
+                "proto/grpc/health/v1/health.proto",
+            ],
+            &["proto"],
+        )?;
+    println!("cargo:rerun-if-changed=proto");
     Ok(())
 }

@@ -32,6 +32,14 @@ pub mod workers;
 /// Generated gRPC types for `larder.v1`.
 pub mod proto {
     tonic::include_proto!("larder.v1");
+
+    /// The standard gRPC health service's messages (grpc.health.v1).
+    pub mod health {
+        tonic::include_proto!("grpc.health.v1");
+    }
+
+    /// The descriptors of every service the daemon serves, for gRPC reflection.
+    pub const DESCRIPTORS: &[u8] = tonic::include_file_descriptor_set!("descriptors");
 }
 
 /// Logs to stderr (the journal, under systemd) at `$LARDER_LOG`, else at `default_level`.

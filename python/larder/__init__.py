@@ -11,4 +11,4 @@ from larder.errors import LarderError
 from larder.inputstats import InputStats
 
 __all__ = ["Batch", "Client", "InputStats", "LarderError", "Ragged", "DEFAULT_ADDRESS"]
-__version__ = "0.1.0"
+from larder.version import CLIENT_VERSION as __version__  # noqa: E402

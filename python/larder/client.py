@@ -19,6 +19,7 @@ from larder.prefetch import StreamState, read_ahead
 from larder.request import stream_request
 from larder.shm import Ring, RingRefused, open_ring
 from larder.tables import toml_table
+from larder import version
 from larder.v1 import larder_pb2 as pb
 from larder.v1 import larder_pb2_grpc as pb_grpc
 from larder.wire import RawBatch
@@ -74,6 +75,9 @@ class Client:
             request_serializer=pb.StreamBatchesRequest.SerializeToString,
             response_deserializer=RawBatch,
         )
+        # Whether the daemon's API version has been compared with this client's (once, at the
+        # first call that reaches it).
+        self._version_checked = False
         # Shared-memory rings no stream uses now, kept for the next stream.
         self._idle_rings: List[Ring] = []
         self._rings_lock = threading.Lock()
@@ -91,12 +95,36 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _check_version(self) -> None:
+        """Compares the daemon's API version with this client's, once per client (see
+        larder.version): raises when the client is too old for the daemon, warns when the
+        daemon is older than the client. An unreachable daemon is left to the call itself."""
+        if self._version_checked:
+            return
+        try:
+            info = self._stub.GetInfo(pb.GetInfoRequest(), timeout=30)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                self._version_checked = e.code() != grpc.StatusCode.UNAVAILABLE
+                return
+            info = None
+        self._version_checked = True
+        version.check(info, self.address)
+
+    def info(self) -> "pb.DaemonInfo":
+        """The daemon's release (`version`), its API version (`api_version`), the oldest client
+        API it serves (`min_client_api_version`) and the kinds of source it reads (`kinds`)."""
+        return self._call(self._stub.GetInfo, pb.GetInfoRequest())
+
     def _call(self, method, request):
         try:
+            self._check_version()
             return method(request)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.UNAVAILABLE:
                 raise LarderError(unreachable(self.address, e.details()), e.code()) from None
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise LarderError(version.unimplemented(self.address, e.details()), e.code()) from None
             raise LarderError(f"{e.details()} ({self.address})", e.code()) from None
 
     def datasets(self) -> List["pb.DatasetInfo"]:
@@ -296,6 +324,7 @@ class Client:
         """The daemon's plan for a stream's request, straight from the stub: an unreachable
         daemon is retried like a broken stream."""
         try:
+            self._check_version()
             return self._stub.PlanStream(request)
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.UNIMPLEMENTED:

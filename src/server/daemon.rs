@@ -2,6 +2,7 @@
 //! socket until it is asked to stop.
 
 use super::buffers::{MessageBuffers, SPARE_IDLE};
+use super::health::HealthService;
 use super::held_messages::CountedBody;
 use super::reload::Datasets;
 use super::service::Service;
@@ -11,6 +12,7 @@ use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::open_streams::Streams;
+use crate::proto::health::health_server::HealthServer;
 use crate::proto::larder_server::LarderServer;
 use crate::store::Store;
 use crate::tiers::memory::MemoryTier;
@@ -276,9 +278,23 @@ where
         let encoded = encoded.clone();
         r.map(|body| Body::new(CountedBody::new(body, encoded)))
     });
+    // Reflection in both versions clients speak (grpcurl and grpcio-reflection ask v1alpha).
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::DESCRIPTORS)
+    };
+    let reflection_v1 = reflection()
+        .build_v1()
+        .expect("the descriptors compiled in are valid");
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .expect("the descriptors compiled in are valid");
     let router = tonic::transport::Server::builder()
         .layer(count_sent)
-        .add_service(LarderServer::new(service.clone()).max_encoding_message_size(usize::MAX));
+        .add_service(LarderServer::new(service.clone()).max_encoding_message_size(usize::MAX))
+        .add_service(HealthServer::new(HealthService::new(service.clone())))
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha);
     let mut stop = shutdown.subscribe();
     tokio::spawn(async move {
         router

@@ -11,6 +11,7 @@ mod admission;
 mod batch_stream;
 pub mod buffers;
 mod daemon;
+mod health;
 mod held_messages;
 mod layout;
 pub mod reload;

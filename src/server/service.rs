@@ -16,11 +16,12 @@ use crate::input_bound::ClientReport;
 use crate::open_streams::{StreamSpec, Streams};
 use crate::proto::larder_server::Larder;
 use crate::proto::{
-    AddDatasetRequest, AddDatasetResponse, BadSample, Batch, DatasetInfo, GetStatsRequest,
-    ListBadSamplesRequest, ListBadSamplesResponse, ListDatasetsRequest, ListDatasetsResponse,
-    ListStreamsRequest, ListStreamsResponse, RemoveDatasetRequest, RemoveDatasetResponse,
-    ReportInputRequest, SourceKindRequest, SourceKindResponse, Stats, StreamBatchesRequest,
-    StreamInfo, StreamPlan, UnavailableDataset, VariableLayout, WarmProgress, WarmRequest,
+    AddDatasetRequest, AddDatasetResponse, ApiVersion, BadSample, Batch, DaemonInfo, DatasetInfo,
+    GetInfoRequest, GetStatsRequest, ListBadSamplesRequest, ListBadSamplesResponse,
+    ListDatasetsRequest, ListDatasetsResponse, ListStreamsRequest, ListStreamsResponse,
+    RemoveDatasetRequest, RemoveDatasetResponse, ReportInputRequest, SourceKindRequest,
+    SourceKindResponse, Stats, StreamBatchesRequest, StreamInfo, StreamPlan, UnavailableDataset,
+    VariableLayout, WarmProgress, WarmRequest,
 };
 use crate::sampler::{Plan, PlanRequest};
 use crate::store::{no_scratch, Store};
@@ -30,6 +31,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
+
+/// The oldest client API the daemon serves in full: clients of API 1 (before GetInfo) use no
+/// call or field the daemon has since dropped.
+const MIN_CLIENT_API_VERSION: u32 = 1;
 
 #[derive(Clone)]
 pub struct Service {
@@ -242,6 +247,22 @@ impl Service {
     }
 
     /// Whether `who` added dataset `name` (`larder add`): they are told why it does not open.
+    /// Dataset `name` as `who` may know of it: Some(true) served, Some(false) listed to them
+    /// but not served now (being opened, or its open failed), None: no dataset of that name
+    /// they may see (the same rule as ListDatasets).
+    pub(super) async fn dataset_serving(&self, who: &Caller, name: &str) -> Option<bool> {
+        if let Some(ds) = self.catalog.get(name) {
+            return self.may_read(&ds, who).await.then_some(true);
+        }
+        let listed = self.catalog.unavailable().iter().any(|(n, _)| n == name);
+        (listed && (who.is_admin() || self.owns(who, name))).then_some(false)
+    }
+
+    /// Told when the daemon shuts down.
+    pub(super) fn shutdown(&self) -> Shutdown {
+        self.shutdown.clone()
+    }
+
     fn owns(&self, who: &Caller, name: &str) -> bool {
         let Caller::Local(id) = who else {
             return false;
@@ -446,6 +467,21 @@ type BatchStream = Pin<Box<dyn Stream<Item = Result<Batch, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Larder for Service {
+    async fn get_info(
+        &self,
+        _request: Request<GetInfoRequest>,
+    ) -> Result<Response<DaemonInfo>, Status> {
+        Ok(Response::new(DaemonInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            api_version: ApiVersion::Current as u32,
+            min_client_api_version: MIN_CLIENT_API_VERSION,
+            kinds: crate::source::kinds()
+                .into_iter()
+                .map(String::from)
+                .collect(),
+        }))
+    }
+
     async fn list_datasets(
         &self,
         request: Request<ListDatasetsRequest>,

@@ -4,6 +4,8 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
+API_VERSION_CURRENT: ApiVersion
+API_VERSION_UNSPECIFIED: ApiVersion
 DESCRIPTOR: _descriptor.FileDescriptor
 OFFSETS: VariableLayout
 PADDED: VariableLayout
@@ -61,6 +63,18 @@ class Batch(_message.Message):
     step: int
     stream_id: int
     def __init__(self, batch_index: _Optional[int] = ..., num_batches: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., labels: _Optional[_Iterable[int]] = ..., sample_ids: _Optional[_Iterable[int]] = ..., fields: _Optional[_Iterable[_Union[FieldBatch, _Mapping]]] = ..., slot: _Optional[int] = ..., step: _Optional[int] = ..., resume_sample: _Optional[int] = ..., padding: _Optional[int] = ..., stream_id: _Optional[int] = ...) -> None: ...
+
+class DaemonInfo(_message.Message):
+    __slots__ = ["api_version", "kinds", "min_client_api_version", "version"]
+    API_VERSION_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    MIN_CLIENT_API_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    api_version: int
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    min_client_api_version: int
+    version: str
+    def __init__(self, version: _Optional[str] = ..., api_version: _Optional[int] = ..., min_client_api_version: _Optional[int] = ..., kinds: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DatasetInfo(_message.Message):
     __slots__ = ["bad_samples", "fields", "has_labels", "has_train_pipeline", "kind", "name", "num_samples", "owner", "sample_bytes", "sample_shape", "source"]
@@ -135,6 +149,10 @@ class FieldInfo(_message.Message):
     scale: int
     shape: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., paired_with: _Optional[str] = ..., scale: _Optional[int] = ..., resample: _Optional[str] = ...) -> None: ...
+
+class GetInfoRequest(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = []
@@ -467,6 +485,9 @@ class WarmRequest(_message.Message):
     DATASET_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     def __init__(self, dataset: _Optional[str] = ...) -> None: ...
+
+class ApiVersion(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
 
 class VariableLayout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

@@ -69,6 +69,11 @@ class LarderStub(object):
                 request_serializer=larder_dot_v1_dot_larder__pb2.SourceKindRequest.SerializeToString,
                 response_deserializer=larder_dot_v1_dot_larder__pb2.SourceKindResponse.FromString,
                 )
+        self.GetInfo = channel.unary_unary(
+                '/larder.v1.Larder/GetInfo',
+                request_serializer=larder_dot_v1_dot_larder__pb2.GetInfoRequest.SerializeToString,
+                response_deserializer=larder_dot_v1_dot_larder__pb2.DaemonInfo.FromString,
+                )
 
 
 class LarderServicer(object):
@@ -161,6 +166,13 @@ class LarderServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetInfo(self, request, context):
+        """The daemon's version and API version: clients compare theirs at connect.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LarderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -218,6 +230,11 @@ def add_LarderServicer_to_server(servicer, server):
                     servicer.SourceKind,
                     request_deserializer=larder_dot_v1_dot_larder__pb2.SourceKindRequest.FromString,
                     response_serializer=larder_dot_v1_dot_larder__pb2.SourceKindResponse.SerializeToString,
+            ),
+            'GetInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetInfo,
+                    request_deserializer=larder_dot_v1_dot_larder__pb2.GetInfoRequest.FromString,
+                    response_serializer=larder_dot_v1_dot_larder__pb2.DaemonInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -413,5 +430,22 @@ class Larder(object):
         return grpc.experimental.unary_unary(request, target, '/larder.v1.Larder/SourceKind',
             larder_dot_v1_dot_larder__pb2.SourceKindRequest.SerializeToString,
             larder_dot_v1_dot_larder__pb2.SourceKindResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/larder.v1.Larder/GetInfo',
+            larder_dot_v1_dot_larder__pb2.GetInfoRequest.SerializeToString,
+            larder_dot_v1_dot_larder__pb2.DaemonInfo.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
