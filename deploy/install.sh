@@ -11,6 +11,9 @@ id -u larder-reader >/dev/null 2>&1 || useradd --system --user-group --no-create
 install -d -m 0755 /etc/larder
 [ -e /etc/larder/larder.toml ] || install -m 0644 deploy/larder.toml /etc/larder/larder.toml
 install -m 0644 deploy/larderd.service /etc/systemd/system/larderd.service
+# The docs the unit's Documentation= points at.
+install -d -m 0755 /usr/share/doc/larder
+install -m 0644 README.md docs/*.md /usr/share/doc/larder/
 systemctl daemon-reload
 echo "edit /etc/larder/larder.toml (datasets must be readable by user larder-reader), then:"
 echo "  systemctl enable --now larderd"
