@@ -515,3 +515,48 @@ def test_lmdb_errors_name_the_key_and_the_file(tmp_path):
                 c.add_dataset("forged", tmp_path / "c.lmdb")
     finally:
         d.stop()
+
+
+def test_a_cold_shuffled_epoch_reads_each_raw_byte_about_once(tmp_path):
+    """Measured from outside, by what the daemon's process read (/proc/PID/io rchar) during
+    one cold shuffled epoch of a webdataset and an lmdb dataset: at most 1.3x the bytes their
+    samples take in the files."""
+    wds = pytest.importorskip("webdataset")
+    pytest.importorskip("lmdb")
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(3)
+    n = 150
+    imgs = [rng.integers(0, 256, (48, 64, 3), dtype=np.uint8) for _ in range(n)]
+    pngs = []
+    for img in imgs:
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, format="PNG", compress_level=1)
+        pngs.append(buf.getvalue())
+    (tmp_path / "wds").mkdir()
+    with wds.ShardWriter(str(tmp_path / "wds" / "s-%03d.tar"), maxcount=40, verbose=0) as sink:
+        for i, png in enumerate(pngs):
+            sink.write({"__key__": f"k{i:04d}", "png": png, "cls": i})
+    basicsr_lmdb(tmp_path / "env.lmdb", imgs, [f"{i:04d}_s001" for i in range(n)])
+    stored = sum(len(p) for p in pngs)
+    tables = (f'[[dataset]]\nname = "wds"\nkind = "webdataset"\npath = "{tmp_path / "wds"}"\nresize = 0\ncrop = 0\n'
+              f'[[dataset]]\nname = "lmdb"\npath = "{tmp_path / "env.lmdb"}"\nresize = 0\ncrop = 0\n')
+    d = Daemon(tmp_path, tables, scratch="enabled = false\n")
+
+    def rchar():
+        return int(next(line.split()[1] for line in open(f"/proc/{d.proc.pid}/io") if line.startswith("rchar")))
+
+    try:
+        with larder.Client(d.unix) as c:
+            assert {x.name for x in c.datasets()} == {"wds", "lmdb"}  # both opened: headers read
+            for name in ["wds", "lmdb"]:
+                before = rchar()
+                got = sorted(int(i) for b in c.stream(name, 16, seed=5) for i in b.sample_ids)
+                read = rchar() - before
+                assert got == list(range(n))
+                print(f"{name}: {read / stored:.3f}x the stored bytes read")
+                assert read <= 1.3 * stored, f"{name}: {read} bytes read for {stored} stored"
+    finally:
+        d.stop()
