@@ -148,7 +148,7 @@ impl Preprocess {
     pub fn describe(&self) -> String {
         match self {
             Preprocess::Elsewhere(described) => described.clone(),
-            _ => format!("{self:?} decoder libjpeg-turbo 2"),
+            _ => format!("{self:?} decoder libjpeg-turbo 2, kept at the header's size"),
         }
     }
 
@@ -238,9 +238,13 @@ fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample, limits: &Limits) -> 
             }
             let grey = *mode == ImageMode::Gray;
             // Decoded at 1/2, 1/4 or 1/8 when that still leaves enough pixels for the size
-            // kept (the reference's size is known from the file's header).
+            // kept (the reference's size is known from the file's header). The size kept is
+            // the one the file's own (W, H) gives, as torchvision computes it, never the
+            // scaled decode's (250x188 would give 212x160 where 500x375 gives 213x160).
             let known = kept;
+            let header = std::cell::Cell::new(None);
             let at_least = |w, h| {
+                header.set(Some((w, h)));
                 let (w, h) = known.unwrap_or_else(|| resize.size((w, h)));
                 (resize.shorter > 0).then_some(w.saturating_mul(s).min(h.saturating_mul(s)))
             };
@@ -265,7 +269,12 @@ fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample, limits: &Limits) -> 
                 }
                 let pixels: &[u8] = decoded;
                 ensure!(w > 0 && h > 0, "image is empty");
-                let size = *kept.get_or_insert_with(|| resize.size((w, h)));
+                let full = match header.get() {
+                    Some((fw, fh)) if o > 4 => (fh, fw),
+                    Some(wh) => wh,
+                    None => (w, h),
+                };
+                let size = *kept.get_or_insert_with(|| resize.size(full));
                 let (nw, nh) = scaled(size, s)?;
                 decode::check_pixels(nw, nh, max_pixels).context("resized to the size kept")?;
                 let buf = std::mem::take(resized);
@@ -344,6 +353,39 @@ fn decode_index(encoded: &[u8], max_pixels: u64) -> Result<GrayImage> {
 mod tests {
     use super::*;
     use image::RgbImage;
+
+    #[test]
+    fn a_jpeg_decoded_at_half_is_kept_at_the_size_its_header_gives() {
+        let px: Vec<u8> = (0..500 * 375 * 3).map(|i| (i % 251) as u8).collect();
+        let image = turbojpeg::Image {
+            pixels: &px[..],
+            width: 500,
+            pitch: 1500,
+            height: 375,
+            format: turbojpeg::PixelFormat::RGB,
+        };
+        let file = turbojpeg::compress(image, 90, turbojpeg::Subsamp::Sub2x2)
+            .unwrap()
+            .to_vec();
+        for (shorter, want) in [
+            (160, [3, 160, 213]),
+            (90, [3, 90, 120]),
+            (256, [3, 256, 341]),
+        ] {
+            let pre = Preprocess::Images {
+                ops: vec![FieldOp::rgb()],
+                resize: Resize {
+                    shorter,
+                    max_size: None,
+                    square: false,
+                },
+            };
+            let raw = vec![Value::new(vec![file.len() as u32], file.clone())];
+            // torchvision's Resize(shorter) of 500x375: the longer side 500 * shorter / 375.
+            let kept = pre.apply(raw, &Default::default()).unwrap().remove(0);
+            assert_eq!(kept.dims, want, "resize {shorter}");
+        }
+    }
 
     fn png(w: u32, h: u32, f: impl Fn(u32, u32) -> [u8; 3]) -> Vec<u8> {
         let img = RgbImage::from_fn(w, h, |x, y| image::Rgb(f(x, y)));
