@@ -332,7 +332,21 @@ def plot_formats(data, ax):
     return "Cold epochs of each format: larder against the format's own loader"
 
 
+def plot_budget(data, ax):
+    rows = data["rows"]
+    shares = sorted({r["budget_share"] for r in rows})
+    labels = [f"budget {s:.0%} of the records" for s in shares]
+    series = {}
+    for build in ("before", "this"):
+        series[f"{build} build"] = [next((r["held_share"] * 100 for r in rows
+                                          if r["build"] == build and r["budget_share"] == s), 0) for s in shares]
+    _bars(ax, labels, series)
+    ax.set_ylabel("% of the dataset's samples held")
+    return "Samples a memory budget holds (3x64x64 uint8 records): slabs against size classes"
+
+
 PLOTS = {
+    "budget": plot_budget,
     "delivery": plot_delivery,
     "images": plot_images,
     "jobs": plot_jobs,

@@ -25,8 +25,13 @@ pub fn format_stats(s: &crate::proto::Stats) -> String {
     }
     let _ = writeln!(
         out,
-        "memory tier: {} of {} bytes in {} samples; hit rate {:.1}%; {} inserts declined to keep the working set",
-        s.memory_bytes, s.memory_budget_bytes, s.memory_entries, s.hit_rate * 100.0, s.admissions_declined
+        "memory tier: {} of {} bytes in {} samples ({} bytes a sample); hit rate {:.1}%; {} inserts declined to keep the working set",
+        s.memory_bytes,
+        s.memory_budget_bytes,
+        s.memory_entries,
+        s.memory_bytes.checked_div(s.memory_entries).unwrap_or(0),
+        s.hit_rate * 100.0,
+        s.admissions_declined
     );
     let _ = writeln!(
         out,

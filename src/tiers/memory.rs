@@ -6,6 +6,7 @@
 
 use super::eviction::{Eviction, Key, KeyMap, NextUse, PolicyName, Size, StaleLru};
 use super::orders::{OrderKey, Orders, StreamEvent};
+use super::slabs::Slabs;
 use bytes::Bytes;
 use std::sync::Mutex;
 
@@ -18,10 +19,17 @@ struct Entry {
     data: Bytes,
     /// Bytes the sample takes in raw storage.
     disk: u64,
+    /// What the tier charges for it (`Slabs::place`'s bytes and `ENTRY_OVERHEAD`).
+    cost: u64,
 }
+
+/// The tier looks for slabs to give back or compact once per this many samples let go.
+const COMPACT_EVERY: u64 = 64;
 
 struct Inner {
     entries: KeyMap<Entry>,
+    /// Where records of sizes seen often are packed.
+    slabs: Slabs,
     policy: Box<dyn Eviction>,
     /// Bytes held, overhead included.
     bytes: u64,
@@ -76,16 +84,10 @@ pub struct MemorySnapshot {
     pub policy: &'static str,
 }
 
-/// What the tier charges for holding `data`: the allocation its bytes take and the entry's
-/// bookkeeping.
-pub fn entry_cost(data: &Bytes) -> u64 {
-    cost_of(data.len())
-}
-
-/// What the tier charges for a sample of `len` bytes: the allocator rounds each allocation up
-/// to a size class (a 3x64x64 record and its label, 12,296 bytes, takes 14,336), so the tier
-/// counts the class, not the length (counting lengths, a full tier of such records held a
-/// sixth more than it said), and `ENTRY_OVERHEAD` on top.
+/// What the tier charges for a sample of `len` bytes kept alone (before its size has slabs):
+/// the allocator rounds each allocation up to a size class (a 3x64x64 record and its label,
+/// 12,296 bytes, takes 14,336), so the tier counts the class, not the length, and
+/// `ENTRY_OVERHEAD` on top. In a slab it is charged its slot (12,304) instead.
 pub fn cost_of(len: usize) -> u64 {
     crate::alloc::allocation_size(len) as u64 + ENTRY_OVERHEAD
 }
@@ -114,6 +116,7 @@ impl MemoryTier {
         MemoryTier {
             inner: Mutex::new(Inner {
                 entries: KeyMap::default(),
+                slabs: Slabs::default(),
                 policy,
                 bytes: 0,
                 disk_bytes: 0,
@@ -156,11 +159,11 @@ impl MemoryTier {
 
     /// Offers a sample that takes `disk` bytes in raw storage. Returns whether it was kept.
     pub fn insert(&self, key: Key, data: Bytes, disk: u64) -> bool {
-        let cost = entry_cost(&data);
         let mut inner = self.lock();
         if inner.entries.contains_key(&key) {
             return true;
         }
+        let cost = inner.slabs.cost(data.len()) + ENTRY_OVERHEAD;
         if cost > inner.limit {
             inner.declined += 1;
             return false;
@@ -180,9 +183,17 @@ impl MemoryTier {
             }
         }
         let now = inner.clock;
+        // Placed now (copied into a slot when its size has slabs): its cost is the place's.
+        let placed = inner.slabs.place(data);
+        let cost = placed.bytes + ENTRY_OVERHEAD;
+        let size = Size {
+            bytes: cost,
+            ..size
+        };
         inner.bytes += cost;
         inner.disk_bytes += disk;
-        inner.entries.insert(key, Entry { data, disk });
+        let data = placed.data;
+        inner.entries.insert(key, Entry { data, disk, cost });
         inner.timed(|p| p.on_insert(key, size, now));
         true
     }
@@ -305,9 +316,13 @@ impl Inner {
     fn remove(&mut self, key: &Key) {
         self.timed(|p| p.on_remove(key));
         if let Some(e) = self.entries.remove(key) {
-            self.bytes -= entry_cost(&e.data);
+            self.bytes -= e.cost;
             self.disk_bytes -= e.disk;
             self.evicted += 1;
+            if self.evicted.is_multiple_of(COMPACT_EVERY) {
+                let Inner { slabs, entries, .. } = self;
+                slabs.compact(entries.iter_mut().map(|(k, e)| (k, &mut e.data)));
+            }
         }
     }
 }
