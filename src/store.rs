@@ -87,6 +87,10 @@ impl Store {
     /// A dataset reopened with the same data (same fingerprint) goes on with the tier its
     /// previous version had: one folder, one writer.
     pub fn add(&self, ds: &Dataset) {
+        // A fixed-shape dataset's records are all one size: slabs for it from its first record.
+        if let Some(len) = ds.schema.fixed_record_bytes() {
+            self.memory.expect_size(len as usize);
+        }
         let Some(space) = &self.scratch_space else {
             return;
         };

@@ -7,8 +7,11 @@
 //! skipped, as WebDataset skips them.
 //!
 //! Each shard's tar headers (PAX and GNU long names included) are read once at open into an
-//! index of member offsets; a miss reads a sample's members by position. A shard cut short
-//! serves the samples complete before the cut, and says where it was cut.
+//! index of member offsets. With a scratch tier, a miss reads its granule, the whole shard (or
+//! an aligned part of at most 32 MiB when the shard is larger), in one sequential read and
+//! preprocesses it into the scratch tier, so a shuffled epoch reads each shard once; without
+//! one, a sample's members by position. A shard cut short serves the samples complete before
+//! the cut, and says where it was cut.
 
 use super::npy::Header;
 use super::{file_version, Format, Opened, Provenance, RawSample, RawSource, Stamp};
@@ -378,6 +381,36 @@ pub struct WdsSource {
     skipped: Vec<String>,
     cut: Vec<String>,
     max_value_bytes: u64,
+    /// Samples read together on a miss (see `granule_of`).
+    granule: u64,
+}
+
+/// Bytes a granule may span in a shard: read in one sequential read, and preprocessed whole
+/// into the scratch tier.
+const GRANULE_BYTES: u64 = 32 << 20;
+
+/// The granule of shards holding `counts` samples each, `bytes` bytes of samples in all: the
+/// largest divisor of the shards' common count whose samples span at most `GRANULE_BYTES` on
+/// average (the whole shard when it is that small), so granules never straddle shards. 1 when
+/// the shards (all but the last, which may be short) do not hold the same count.
+fn granule_of(counts: &[u64], bytes: u64) -> u64 {
+    let Some((&first, rest)) = counts.split_first() else {
+        return 1;
+    };
+    let uniform = match rest.split_last() {
+        Some((&last, middle)) => middle.iter().all(|&c| c == first) && last <= first,
+        None => true,
+    };
+    let total: u64 = counts.iter().sum();
+    if !uniform || first == 0 || total == 0 {
+        return 1;
+    }
+    let per_sample = (bytes / total).max(1);
+    let most = (GRANULE_BYTES / per_sample).max(1);
+    (1..=first.min(most))
+        .rev()
+        .find(|k| first % k == 0)
+        .unwrap_or(1)
 }
 
 impl WdsSource {
@@ -499,6 +532,15 @@ impl WdsSource {
         let mut access = vec![root.clone()];
         access.extend(paths.iter().cloned());
         access.dedup();
+        let mut counts = vec![0u64; shards.len()];
+        for s in &samples {
+            counts[s.shard] += 1;
+        }
+        let bytes = samples
+            .iter()
+            .flat_map(|s| s.members.iter().flatten().map(|m| m.1))
+            .sum();
+        let granule = granule_of(&counts, bytes);
         Ok(WdsSource {
             path: path.to_path_buf(),
             root,
@@ -509,10 +551,31 @@ impl WdsSource {
             skipped,
             cut,
             max_value_bytes: u64::MAX,
+            granule,
         })
     }
 
-    fn value(&self, s: &Sample, k: usize) -> Result<Value> {
+    /// The bytes samples `start..end` span in their shard, read in one sequential read, when
+    /// there are several, all in one shard, within `GRANULE_BYTES`: (shard, offset, bytes).
+    fn span(&self, start: u64, end: u64) -> Option<(usize, u64, Vec<u8>)> {
+        let samples = self.samples.get(start as usize..end as usize)?;
+        let shard = samples.first()?.shard;
+        if samples.len() < 2 || samples.iter().any(|s| s.shard != shard) {
+            return None;
+        }
+        let members = || samples.iter().flat_map(|s| s.members.iter().flatten());
+        let from = members().map(|m| m.0).min()?;
+        let to = members().map(|m| m.0 + m.1).max()?;
+        if to - from > 2 * GRANULE_BYTES {
+            return None;
+        }
+        let mut data = vec![0u8; (to - from) as usize];
+        // Any failure (a shard cut since): each sample read alone says what it is.
+        self.shards[shard].1.read_exact_at(&mut data, from).ok()?;
+        Some((shard, from, data))
+    }
+
+    fn value(&self, s: &Sample, k: usize, span: Option<&(usize, u64, Vec<u8>)>) -> Result<Value> {
         let f = &self.fields[k];
         let (at, size) = s.members[k].with_context(|| format!("no .{} member", f.ext))?;
         ensure!(
@@ -521,8 +584,20 @@ impl WdsSource {
             f.ext,
             self.max_value_bytes
         );
-        let mut data = vec![0u8; size as usize];
-        self.shards[s.shard].1.read_exact_at(&mut data, at)?;
+        let within = span
+            .filter(|(shard, _, _)| *shard == s.shard)
+            .and_then(|(_, from, data)| {
+                let a = (at - from) as usize;
+                data.get(a..a + size as usize)
+            });
+        let data = match within {
+            Some(bytes) => bytes.to_vec(),
+            None => {
+                let mut data = vec![0u8; size as usize];
+                self.shards[s.shard].1.read_exact_at(&mut data, at)?;
+                data
+            }
+        };
         if f.kind != Kind::Array {
             return Ok(Value::new(vec![], data));
         }
@@ -555,11 +630,12 @@ impl RawSource for WdsSource {
             .checked_add(count)
             .filter(|&e| e <= self.len())
             .with_context(|| format!("samples {start}..+{count} of {}", self.len()))?;
+        let span = self.span(start, end);
         let out = (start..end)
             .map(|i| {
                 let s = &self.samples[i as usize];
                 (0..self.fields.len())
-                    .map(|k| self.value(s, k))
+                    .map(|k| self.value(s, k, span.as_ref()))
                     .collect::<Result<RawSample>>()
                     .with_context(|| {
                         format!("sample {:?} of {}", s.key, self.shards[s.shard].0.display())
@@ -574,7 +650,7 @@ impl RawSource for WdsSource {
     }
 
     fn read_granule(&self) -> u64 {
-        1
+        self.granule
     }
 
     fn disk_bytes(&self) -> u64 {
@@ -673,6 +749,18 @@ mod tests {
                 Err(e) => assert!(format!("{e:#}").contains("2^64"), "{size}: {e:#}"),
             }
         }
+    }
+
+    #[test]
+    fn granules_are_whole_shards_or_aligned_parts_of_them() {
+        // Shards of 10 samples (the last of 3): a shard a granule while it is small.
+        assert_eq!(granule_of(&[10, 10, 3], 23 * 1000), 10);
+        // 10,000 samples of 100 kB a shard (1 GB): parts of at most 32 MiB that divide it.
+        assert_eq!(granule_of(&[10_000, 10_000], 20_000 * 100_000), 250);
+        // Shards of different counts (a cut one in the middle): sample by sample.
+        assert_eq!(granule_of(&[10, 7, 10], 27 * 1000), 1);
+        assert_eq!(granule_of(&[], 0), 1);
+        assert_eq!(granule_of(&[5], 5000), 5);
     }
 
     #[test]

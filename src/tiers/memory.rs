@@ -198,6 +198,12 @@ impl MemoryTier {
         true
     }
 
+    /// Records of `len` bytes will come (a fixed-shape dataset's): slabs for them from the
+    /// first.
+    pub fn expect_size(&self, len: usize) {
+        self.lock().slabs.expect(len);
+    }
+
     /// Tells the policy how many samples the open streams look up an epoch together.
     pub fn set_streaming_samples(&self, samples: u64) {
         self.lock().policy.set_streaming_samples(samples);

@@ -5,8 +5,8 @@
 //! bytes); a record copied into a free slot costs its slot, and a slot freed is taken by the
 //! next record of that size without a page fault.
 //!
-//! A size gets slabs once the tier has seen `CLASS_AFTER` records of it (the records of a
-//! fixed-shape dataset, all one size); other sizes (variable-sized images) stay with the
+//! A size gets slabs when a fixed-shape dataset opens (its records are all one size: `expect`),
+//! or once the tier has seen `CLASS_AFTER` records of it; other sizes (variable-sized images) stay with the
 //! allocator, where a slab each would hold mostly empty slots. A record in a slab is a `Bytes`
 //! whose owner gives its slot back when the last clone drops (a stream may still be sending it
 //! after the tier let it go). The tier moves records out of its emptiest slab when a size has
@@ -203,6 +203,17 @@ impl Slabs {
         Placed {
             data,
             bytes: slot as u64,
+        }
+    }
+
+    /// Records of `len` bytes will come (a fixed-shape dataset's): their size has slabs now.
+    pub fn expect(&mut self, len: usize) {
+        if let Some(slot) = slot_of(len) {
+            self.seen.remove(&slot);
+            self.classes.entry(slot).or_insert(Class {
+                slabs: vec![],
+                current: 0,
+            });
         }
     }
 
