@@ -407,10 +407,19 @@ fn bind_unix(path: &std::path::Path, mode: u32) -> Result<tokio::net::UnixListen
         std::fs::remove_file(path)
             .with_context(|| format!("removing stale socket {}", path.display()))?;
     }
-    let listener = tokio::net::UnixListener::bind(path)
+    // Bound under a temporary name, given its mode, then renamed into place: the socket
+    // appears at `path` with its mode already set (a client never meets it half made).
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let bound = path.with_file_name(format!(".{name}.{}", std::process::id()));
+    let _ = std::fs::remove_file(&bound);
+    let listener = tokio::net::UnixListener::bind(&bound)
         .with_context(|| format!("listening on Unix socket {}", path.display()))?;
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .with_context(|| format!("setting the mode of {}", path.display()))?;
+    std::fs::set_permissions(&bound, std::fs::Permissions::from_mode(mode))
+        .and_then(|()| std::fs::rename(&bound, path))
+        .with_context(|| format!("setting the mode of {}", path.display()))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&bound);
+        })?;
     Ok(listener)
 }
