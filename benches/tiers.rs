@@ -48,6 +48,7 @@ fn policy(c: &mut Criterion) {
             seed,
             epoch: 0,
             shuffle: true,
+            split: None,
         };
         let perms: Vec<Vec<u64>> = (0..orders).map(|o| epoch_order(N, o, 0, true)).collect();
         // Streams start spread over the epoch, as jobs begun at different times are.

@@ -172,10 +172,11 @@ impl Streams {
         let plan = &state.spec.plan;
         let order = OrderKey {
             dataset: state.spec.dataset_id,
-            num_samples: plan.num_samples(),
+            num_samples: plan.dataset_samples,
             seed: state.spec.seed,
             epoch: state.spec.epoch,
             shuffle: state.spec.shuffle,
+            split: plan.split,
         };
         self.memory.stream_opened(id, order, plan.start_position());
         let mut open = self.lock();

@@ -41,6 +41,115 @@ pub fn epoch_order(n: u64, seed: u64, epoch: u64, shuffle: bool) -> Vec<u64> {
     order
 }
 
+/// A job spread over `nodes` nodes, a daemon each: the part of each epoch node `node`'s ranks
+/// read, so each node's cache keeps serving the same part. The dataset's granules (aligned runs
+/// of `granule` samples, which its source reads together) are dealt once per run, by the seed
+/// alone, to `partitions` canonical partitions; node m reads the partitions c with
+/// c % nodes == m, interleaved in turn, each shuffled within itself every epoch by (seed,
+/// epoch, c). A partition's sequence for an epoch is the same whatever the number of nodes, as
+/// long as `partitions` is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NodeSplit {
+    pub nodes: u32,
+    pub node: u32,
+    pub partitions: u32,
+    pub granule: u64,
+}
+
+/// Partitions when a request names none: a multiple of every node count up to 8 but 5 and 7,
+/// and of 16, 32 and 64.
+pub const DEFAULT_PARTITIONS: u32 = 64;
+
+impl NodeSplit {
+    fn check(&self) -> Result<()> {
+        if self.nodes == 0 || self.node >= self.nodes {
+            bail!(
+                "node {} is out of range for nodes {} (nodes are 0..{})",
+                self.node,
+                self.nodes,
+                self.nodes
+            );
+        }
+        if self.partitions == 0 || !self.partitions.is_multiple_of(self.nodes) {
+            bail!(
+                "partitions ({}) must be a multiple of nodes ({})",
+                self.partitions,
+                self.nodes
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The granules of an `n`-sample dataset each partition holds, in the order they were dealt:
+/// a permutation of the granules by the seed alone (in order when not shuffled), dealt in turn.
+fn dealt(n: u64, seed: u64, shuffle: bool, split: &NodeSplit) -> Vec<Vec<u64>> {
+    let granules = n.div_ceil(split.granule.max(1));
+    let order = epoch_order(granules, seed ^ 0xA076_1D64_78BD_642F, 0, shuffle);
+    let mut parts = vec![vec![]; split.partitions as usize];
+    for (k, g) in order.into_iter().enumerate() {
+        parts[k % split.partitions as usize].push(g);
+    }
+    parts
+}
+
+/// Partition `c`'s samples for the epoch, in its order.
+fn partition_sequence(
+    n: u64,
+    granules: &[u64],
+    seed: u64,
+    epoch: u64,
+    shuffle: bool,
+    c: u32,
+    granule: u64,
+) -> Vec<u64> {
+    let g = granule.max(1);
+    let samples: Vec<u64> = granules
+        .iter()
+        .flat_map(|&k| k * g..((k + 1) * g).min(n))
+        .collect();
+    let mix = (c as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    epoch_order(samples.len() as u64, seed ^ mix, epoch, shuffle)
+        .into_iter()
+        .map(|i| samples[i as usize])
+        .collect()
+}
+
+/// Node `split.node`'s order for the epoch (its partitions' sequences interleaved in turn),
+/// and the length every node's order is padded to (the longest node's), so that every rank
+/// takes the same number of steps.
+pub fn node_order(
+    n: u64,
+    seed: u64,
+    epoch: u64,
+    shuffle: bool,
+    split: &NodeSplit,
+) -> (Vec<u64>, u64) {
+    let parts = dealt(n, seed, shuffle, split);
+    let g = split.granule.max(1);
+    let size =
+        |granules: &[u64]| -> u64 { granules.iter().map(|&k| ((k + 1) * g).min(n) - k * g).sum() };
+    let longest = (0..split.nodes)
+        .map(|m| {
+            (m..split.partitions)
+                .step_by(split.nodes as usize)
+                .map(|c| size(&parts[c as usize]))
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0);
+    let mine: Vec<Vec<u64>> = (split.node..split.partitions)
+        .step_by(split.nodes as usize)
+        .map(|c| partition_sequence(n, &parts[c as usize], seed, epoch, shuffle, c, g))
+        .collect();
+    let most = mine.iter().map(Vec::len).max().unwrap_or(0);
+    let mut order = Vec::with_capacity(mine.iter().map(Vec::len).sum());
+    for i in 0..most {
+        order.extend(mine.iter().filter_map(|p| p.get(i)));
+    }
+    (order, longest)
+}
+
 /// What one stream serves: one shard's batches of one epoch.
 ///
 /// The sharding rule, the one place it is written (clients ask, never re-derive it): from
@@ -75,6 +184,9 @@ pub struct Plan {
     num_samples: u64,
     start_sample: u64,
     round: u64,
+    /// The dataset's samples, and the node's part of them it reads (None: all).
+    pub dataset_samples: u64,
+    pub split: Option<NodeSplit>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -97,6 +209,11 @@ pub struct PlanRequest {
     pub shuffle: bool,
     pub drop_last: bool,
     pub even_batches: bool,
+    /// A job over several nodes: the node's part of the epoch (`NodeSplit`), which its ranks
+    /// share out as the ranks of a job on one node would (the ranks numbered node by node, as
+    /// torchrun numbers them); `start_sample` is then a position in the node's part. None:
+    /// the whole epoch's order.
+    pub split: Option<NodeSplit>,
 }
 
 impl Plan {
@@ -118,16 +235,51 @@ impl Plan {
                 req.worker
             );
         }
-        let n = req.num_samples;
+        // The order the ranks share out: the epoch's, or the node's part of it (the samples
+        // it holds, `real`, padded to the longest node's part, `n`); the ranks of the node.
+        let (order, real, n, world, rank) = match &req.split {
+            None => {
+                let n = req.num_samples;
+                let order = epoch_order(n, req.seed, req.epoch, req.shuffle);
+                (order, n, n, world, req.rank as u64)
+            }
+            Some(split) => {
+                split.check()?;
+                let nodes = split.nodes as u64;
+                if !world.is_multiple_of(nodes) {
+                    bail!("world_size {world} is not a multiple of nodes {nodes}");
+                }
+                let local = world / nodes;
+                if req.rank as u64 / local != split.node as u64 {
+                    bail!(
+                        "rank {} is on node {} of {nodes} with {local} ranks a node (ranks numbered node by node), not node {}",
+                        req.rank,
+                        req.rank as u64 / local,
+                        split.node
+                    );
+                }
+                let (order, n) =
+                    node_order(req.num_samples, req.seed, req.epoch, req.shuffle, split);
+                let real = order.len() as u64;
+                if real == 0 && n > 0 {
+                    bail!(
+                        "node {} of {nodes} holds none of the dataset's {} granules of {} samples (it has fewer granules than partitions: ask for fewer partitions)",
+                        split.node,
+                        req.num_samples.div_ceil(split.granule.max(1)),
+                        split.granule
+                    );
+                }
+                (order, real, n, local, req.rank as u64 % local)
+            }
+        };
         if req.start_sample > n {
             bail!(
                 "start_sample {} is past the end of the epoch ({n} samples)",
                 req.start_sample
             );
         }
-        let order = epoch_order(n, req.seed, req.epoch, req.shuffle);
         let b = req.batch_size as u64;
-        let (rank, worker) = (req.rank as u64, req.worker as u64);
+        let worker = req.worker as u64;
         let round = world * b;
         let rest = n - req.start_sample;
         let full_rounds = rest / round;
@@ -137,13 +289,13 @@ impl Plan {
         let mut steps = vec![];
         let mut padding = vec![];
         // Position p of the order, wrapping to its start for padding.
-        let at = |p: u64| order[(p % n.max(1)) as usize];
+        let at = |p: u64| order[(p % real.max(1)) as usize];
         let mut push = |step: u64, from: u64, len: u64| {
             if step >= req.start_step && (step - req.start_step) % workers == worker && len > 0 {
                 samples.extend((from..from + len).map(at));
                 bounds.push(samples.len());
                 steps.push(step);
-                padding.push((from + len).saturating_sub(n.max(from)) as u32);
+                padding.push((from + len).saturating_sub(real.max(from)) as u32);
             }
         };
         for t in 0..full_rounds {
@@ -181,6 +333,8 @@ impl Plan {
             num_samples: n,
             start_sample: req.start_sample,
             round,
+            dataset_samples: req.num_samples,
+            split: req.split,
         })
     }
 
@@ -213,6 +367,7 @@ impl Plan {
             shuffle: false,
             drop_last: false,
             even_batches: false,
+            split: None,
         })
         .expect("a valid plan")
     }
@@ -264,6 +419,7 @@ mod tests {
             shuffle: true,
             drop_last: false,
             even_batches: false,
+            split: None,
         }
     }
 
@@ -336,6 +492,7 @@ mod sharding_tests {
             shuffle: true,
             drop_last: false,
             even_batches: true,
+            split: None,
         }
     }
 
@@ -391,6 +548,7 @@ mod sharding_tests {
         // No padding without even_batches, nor when the rounds come out even.
         let p = Plan::new(PlanRequest {
             even_batches: false,
+            split: None,
             ..plan(101, 8, 1, 2, 0, 1)
         })
         .unwrap();
@@ -427,6 +585,7 @@ mod sharding_tests {
         // Without even_batches the rest goes to the first ranks in whole batches.
         let uneven = all(PlanRequest {
             even_batches: false,
+            split: None,
             ..plan(103, 10, 0, 4, 0, 1)
         });
         let sizes: Vec<usize> = uneven
@@ -497,5 +656,152 @@ mod sharding_tests {
             Plan::new(plan(n, 12, 0, 1, 1, 1)).is_err(),
             "worker out of range"
         );
+    }
+
+    /// Every rank's plan of a job on `nodes` nodes of `local` ranks each: (rank, its samples
+    /// less padding, its steps).
+    fn on_nodes(
+        n: u64,
+        nodes: u32,
+        local: u32,
+        partitions: u32,
+        epoch: u64,
+    ) -> Vec<(u32, Vec<u64>, u64)> {
+        let world = nodes * local;
+        (0..world)
+            .map(|rank| {
+                let p = Plan::new(PlanRequest {
+                    rank,
+                    epoch,
+                    split: Some(NodeSplit {
+                        nodes,
+                        node: rank / local,
+                        partitions,
+                        granule: 7,
+                    }),
+                    ..plan(n, 16, rank, world, 0, 1)
+                })
+                .unwrap();
+                let mut mine = vec![];
+                for b in 0..p.num_batches {
+                    let batch = p.batch(b);
+                    mine.extend(&batch[..batch.len() - p.padding(b) as usize]);
+                }
+                (rank, mine, p.num_batches)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn nodes_read_each_sample_once_an_epoch_with_equal_steps() {
+        let n = 1003;
+        for nodes in [1, 2, 4] {
+            for epoch in 0..2 {
+                let ranks = on_nodes(n, nodes, 2, 8, epoch);
+                let mut seen: Vec<u64> = ranks.iter().flat_map(|r| r.1.clone()).collect();
+                seen.sort();
+                assert_eq!(
+                    seen,
+                    (0..n).collect::<Vec<_>>(),
+                    "{nodes} nodes, epoch {epoch}"
+                );
+                let steps: Vec<u64> = ranks.iter().map(|r| r.2).collect();
+                assert!(
+                    steps.iter().all(|&s| s == steps[0]),
+                    "{nodes} nodes: steps {steps:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_nodes_part_is_whole_granules_kept_across_epochs() {
+        let n = 1003;
+        let part = |epoch| {
+            let (order, _) = node_order(
+                n,
+                5,
+                epoch,
+                true,
+                &NodeSplit {
+                    nodes: 4,
+                    node: 1,
+                    partitions: 8,
+                    granule: 7,
+                },
+            );
+            order
+        };
+        let (e0, e1) = (part(0), part(1));
+        assert_ne!(e0, e1, "shuffled anew each epoch");
+        let sorted = |mut v: Vec<u64>| {
+            v.sort();
+            v
+        };
+        assert_eq!(
+            sorted(e0.clone()),
+            sorted(e1),
+            "the same samples every epoch"
+        );
+        // Whole granules: a granule's samples are all on this node or none.
+        let granules: std::collections::BTreeSet<u64> = e0.iter().map(|s| s / 7).collect();
+        let whole: usize = granules
+            .iter()
+            .map(|g| ((g + 1) * 7).min(n) as usize - (g * 7) as usize)
+            .sum();
+        assert_eq!(whole, e0.len());
+        // About a quarter of the dataset.
+        assert!((200..=300).contains(&e0.len()), "{}", e0.len());
+    }
+
+    #[test]
+    fn each_partitions_sequence_is_the_same_on_any_number_of_nodes() {
+        let (n, parts) = (1003, 8u32);
+        // Partition c's sequence, as node c % nodes reads it (every nodes-th... of its turns).
+        let sequence = |nodes: u32, c: u32| -> Vec<u64> {
+            let split = NodeSplit {
+                nodes,
+                node: c % nodes,
+                partitions: parts,
+                granule: 7,
+            };
+            let dealt = dealt(n, 9, true, &split);
+            let members: std::collections::HashSet<u64> = dealt[c as usize]
+                .iter()
+                .flat_map(|&g| g * 7..((g + 1) * 7).min(n))
+                .collect();
+            let (order, _) = node_order(n, 9, 3, true, &split);
+            order.into_iter().filter(|s| members.contains(s)).collect()
+        };
+        for c in 0..parts {
+            let one = sequence(1, c);
+            assert!(!one.is_empty());
+            assert_eq!(sequence(2, c), one, "partition {c} on 2 nodes");
+            assert_eq!(sequence(4, c), one, "partition {c} on 4 nodes");
+        }
+    }
+
+    #[test]
+    fn a_split_that_does_not_hold_is_refused_with_why() {
+        let err = |split: NodeSplit, rank: u32, world: u32| {
+            format!(
+                "{:#}",
+                Plan::new(PlanRequest {
+                    split: Some(split),
+                    ..plan(100, 4, rank, world, 0, 1)
+                })
+                .unwrap_err()
+            )
+        };
+        let s = |nodes, node, partitions| NodeSplit {
+            nodes,
+            node,
+            partitions,
+            granule: 1,
+        };
+        assert!(err(s(3, 0, 64), 0, 3).contains("multiple of nodes"));
+        assert!(err(s(2, 2, 64), 0, 2).contains("out of range"));
+        assert!(err(s(2, 1, 64), 0, 4).contains("rank 0 is on node 0"));
+        assert!(err(s(2, 0, 64), 0, 3).contains("world_size 3 is not a multiple"));
     }
 }

@@ -217,7 +217,8 @@ class Client:
         """The batches of one epoch of rank `rank`'s shard (of its DataLoader worker `worker` of
         `num_workers`). `shard`: seed=0, epoch=0, rank=0, world_size=1, worker=0,
         num_workers=1, shuffle=True, drop_last=False, even_batches=True, start_sample=0,
-        start_step=0, start_batch=0, fields=None, variable_layout="padded", pipeline="eval".
+        start_step=0, start_batch=0, fields=None, variable_layout="padded", pipeline="eval",
+        nodes=0, node=0, partitions=0.
 
         The daemon holds the sharding rule: the epoch's order, from `start_sample` on, is cut
         into batches taken in rounds, one per rank, round t being every rank's step t; a rank's
@@ -233,6 +234,15 @@ class Client:
         same bytes wherever it is replayed or resumed, the next epoch new ones. `"eval"`
         (default) cuts the center. A sample whose files do not read or decode is left out of
         its batch (see `bad_samples`), so a batch may hold fewer than `batch_size`.
+
+        `nodes`, `node`: a job over several nodes, each with its own larderd (the client of
+        each rank connects to its node's daemon): node `node` (torchrun's GROUP_RANK, Slurm's
+        SLURM_NODEID) reads its own part of every epoch, the same part each epoch (the
+        dataset's granules dealt once by the seed to `partitions` canonical partitions, 64 by
+        default, a multiple of `nodes`; each shuffled within itself every epoch), so its
+        daemon's cache keeps serving it; every sample still comes once an epoch over all the
+        nodes' ranks, numbered node by node. `start_sample` is then a position in the node's
+        part (resume on the same number of nodes).
 
         `fields` picks and orders the fields served (default: all). Fields whose shape varies
         by sample come padded, with lengths (`variable_layout="padded"`), or as values plus

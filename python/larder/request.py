@@ -27,6 +27,9 @@ def stream_request(
     fields: Optional[Sequence[str]] = None,
     variable_layout: str = "padded",
     pipeline: str = "eval",
+    nodes: int = 0,
+    node: int = 0,
+    partitions: int = 0,
 ) -> "pb.StreamBatchesRequest":
     """The StreamBatches request for `Client.stream`'s arguments, checked here so that bad ones fail
     before any call (LarderIterableDataset checks them as it is made)."""
@@ -35,6 +38,8 @@ def stream_request(
         raise ValueError(f"variable_layout must be 'padded' or 'offsets', not {variable_layout!r}")
     if pipeline not in ("eval", "train"):
         raise ValueError(f"pipeline must be 'train' or 'eval', not {pipeline!r}")
+    if nodes and not 0 <= node < nodes:
+        raise ValueError(f"node must be in 0..{nodes}, not {node}")
     return pb.StreamBatchesRequest(
         dataset=dataset,
         batch_size=batch_size,
@@ -54,4 +59,7 @@ def stream_request(
         variable_layout=layouts[variable_layout],
         layout_version=1,
         pipeline=pipeline,
+        nodes=nodes,
+        node=node,
+        partitions=partitions,
     )

@@ -23,7 +23,7 @@ use crate::proto::{
     SourceKindResponse, Stats, StreamBatchesRequest, StreamInfo, StreamPlan, UnavailableDataset,
     VariableLayout, WarmProgress, WarmRequest,
 };
-use crate::sampler::{Plan, PlanRequest};
+use crate::sampler::{NodeSplit, Plan, PlanRequest, DEFAULT_PARTITIONS};
 use crate::store::{no_scratch, Store};
 use futures::Stream;
 use std::pin::Pin;
@@ -444,6 +444,16 @@ impl Service {
             shuffle: !req.sequential,
             drop_last: req.drop_last,
             even_batches: req.even_batches,
+            split: (req.nodes > 0).then(|| NodeSplit {
+                nodes: req.nodes,
+                node: req.node,
+                partitions: if req.partitions == 0 {
+                    DEFAULT_PARTITIONS
+                } else {
+                    req.partitions
+                },
+                granule: ds.source.read_granule(),
+            }),
         })
         .map_err(|e| bad_request(format!("{e:#}")))?;
         Ok((ds, plan, sel))

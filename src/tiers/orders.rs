@@ -5,7 +5,7 @@
 //! position and speed give the time. Every stream on one order (a job's ranks and workers,
 //! jobs of a grid search on one seed) shares one `Order`, made once (`Orders`).
 
-use crate::sampler::epoch_order;
+use crate::sampler::{epoch_order, node_order, NodeSplit};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
@@ -17,6 +17,8 @@ pub struct OrderKey {
     pub seed: u64,
     pub epoch: u64,
     pub shuffle: bool,
+    /// A node's part of the epoch (`sampler::NodeSplit`): its order is that part's.
+    pub split: Option<NodeSplit>,
 }
 
 impl OrderKey {
@@ -41,6 +43,21 @@ impl Order {
     /// The order `key` names; None when it is too long to keep (more than 2^32 - 1 samples,
     /// shuffled): a stream on it publishes no future.
     pub fn new(key: OrderKey) -> Option<Order> {
+        if let Some(split) = &key.split {
+            if key.num_samples >= u32::MAX as u64 {
+                return None;
+            }
+            // Samples of other nodes' parts never come (u32::MAX: no position).
+            let (order, _) = node_order(key.num_samples, key.seed, key.epoch, key.shuffle, split);
+            let mut position = vec![u32::MAX; key.num_samples as usize].into_boxed_slice();
+            for (p, &s) in order.iter().enumerate() {
+                position[s as usize] = p as u32;
+            }
+            return Some(Order {
+                key,
+                position: Some(position),
+            });
+        }
         if !key.shuffle {
             return Some(Order {
                 key,
@@ -70,16 +87,19 @@ impl Order {
         self.key.num_samples == 0
     }
 
-    /// Where `sample` comes in the order (None if the dataset has no such sample).
+    /// Where `sample` comes in the order (None if the dataset has no such sample, or it is in
+    /// another node's part).
     #[inline]
     pub fn position(&self, sample: u64) -> Option<u64> {
         if sample >= self.key.num_samples {
             return None;
         }
-        Some(match &self.position {
-            Some(p) => p[sample as usize] as u64,
-            None => sample,
-        })
+        match &self.position {
+            // Another node's sample: this stream never reads it.
+            Some(p) if p[sample as usize] == u32::MAX => None,
+            Some(p) => Some(p[sample as usize] as u64),
+            None => Some(sample),
+        }
     }
 
     /// Bytes it takes.
@@ -155,6 +175,7 @@ mod tests {
             seed,
             epoch,
             shuffle,
+            split: None,
         }
     }
 

@@ -567,6 +567,7 @@ mod tests {
                         seed: state.job.seed,
                         epoch: state.epoch,
                         shuffle: true,
+                        split: None,
                     };
                     tier.stream_opened(state.id, key, 0);
                 }
@@ -709,6 +710,7 @@ mod tests {
             seed,
             epoch: 0,
             shuffle: true,
+            split: None,
         };
         tier.stream_opened(1, key(1), 0);
         tier.stream_opened(2, key(1), 0);
@@ -738,6 +740,7 @@ mod tests {
             seed,
             epoch: 0,
             shuffle: true,
+            split: None,
         };
         // Streams that read their whole epoch and end: each leaves its next epoch known.
         for seed in 0..200 {
@@ -768,6 +771,7 @@ mod tests {
             seed: 5,
             epoch: 0,
             shuffle: false,
+            split: None,
         };
         tier.stream_opened(1, key, 0);
         // 90 is held, used and let go, then taken in again while 10 and 20 are held.
@@ -800,6 +804,7 @@ mod tests {
             seed: 5,
             epoch: 0,
             shuffle: false,
+            split: None,
         };
         tier.stream_opened(1, key, 0);
         assert!(tier.insert((0, 10), one(), 1));
@@ -825,6 +830,7 @@ mod tests {
             seed: 5,
             epoch: 0,
             shuffle: false,
+            split: None,
         };
         tier.stream_opened(1, key, 0);
         assert!(tier.insert((0, 50), Bytes::from(vec![0u8; 1000]), 1000));

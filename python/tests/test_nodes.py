@@ -1,0 +1,74 @@
+"""A job over several nodes, a larderd each: N daemons on this machine as N nodes (their own
+sockets, memory tiers and budgets), one rank each. With `nodes`, each node reads its own part
+of every epoch, so its cache keeps serving it; without, each rank reads a different quarter of
+the dataset each epoch and a node's cache serves about its share of the dataset."""
+
+import numpy as np
+
+import larder
+from conftest import Daemon
+
+N = 2000
+NODES = 4
+
+
+def make_h5(path):
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", data=np.random.default_rng(0).integers(0, 256, (N, 3, 32, 32), dtype=np.uint8))
+        f.create_dataset("labels", data=np.arange(N, dtype=np.int64))
+
+
+def run_job(daemons, epochs, **split):
+    """Each epoch's memory hit rate on each node, and its raw reads over all nodes (samples);
+    checks every sample comes once an epoch over the nodes' ranks."""
+    clients = [larder.Client(d.unix) for d in daemons]
+    rates, raw = [], []
+    try:
+        for epoch in range(epochs):
+            before = [{t.tier: t.hits for t in c.stats().tiers} for c in clients]
+            seen = []
+            for rank, c in enumerate(clients):
+                node = {"nodes": NODES, "node": rank} if split else {}
+                for b in c.stream("d", 50, seed=3, epoch=epoch, rank=rank, world_size=NODES, transport="bytes",
+                                  **node, **split):
+                    ids = b.sample_ids[: len(b.sample_ids) - b.padding]
+                    seen.extend(int(i) for i in ids)
+            assert sorted(set(seen)) == list(range(N)), f"epoch {epoch}: not every sample"
+            after = [{t.tier: t.hits for t in c.stats().tiers} for c in clients]
+            hits = [a["memory"] - b0["memory"] for a, b0 in zip(after, before)]
+            looked = [sum(a.values()) - sum(b0.values()) for a, b0 in zip(after, before)]
+            rates.append([h / max(1, n) for h, n in zip(hits, looked)])
+            raw.append(sum(a["raw"] - b0["raw"] for a, b0 in zip(after, before)))
+    finally:
+        for c in clients:
+            c.close()
+    return rates, raw
+
+
+def test_each_node_keeps_its_part_of_the_dataset_hot(tmp_path):
+    make_h5(tmp_path / "d.h5")
+    # Each daemon's tier holds about 30% of the dataset's samples (3x32x32 records of 3,088
+    # bytes in slabs, 192 of bookkeeping; the message path takes a quarter of the budget).
+    budget = int(0.30 * N * (3088 + 192) / 0.75)
+    daemons = []
+    try:
+        for k in range(NODES):
+            (tmp_path / f"n{k}").mkdir()
+            daemons.append(Daemon(tmp_path / f"n{k}", f'[[dataset]]\nname = "d"\npath = "{tmp_path / "d.h5"}"\nlabels = "labels"\n',
+                                  scratch="enabled = false\n", budget_bytes=budget))
+        split_rates, split_raw = run_job(daemons, 4, partitions=8)
+        for d in daemons:  # a cold start for the comparison
+            d.stop()
+            d.start()
+        global_rates, global_raw = run_job(daemons, 4)
+    finally:
+        for d in daemons:
+            d.stop()
+    print("node-aware:", [[round(r, 3) for r in e] for e in split_rates], split_raw)
+    print("global order:", [[round(r, 3) for r in e] for e in global_rates], global_raw)
+    for epoch in range(1, 4):
+        assert min(split_rates[epoch]) >= 0.95, (epoch, split_rates[epoch])
+        assert split_raw[epoch] <= 0.05 * N, (epoch, split_raw[epoch])
+        assert max(global_rates[epoch]) < 0.5, (epoch, global_rates[epoch])
