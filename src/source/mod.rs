@@ -525,6 +525,20 @@ mod tests {
         let c = Config::parse(include_str!("../../deploy/larder.toml")).unwrap();
         check_config(&c).unwrap();
     }
+
+    #[test]
+    fn the_kubernetes_config_map_holds_a_config_that_checks() {
+        let yaml = include_str!("../../deploy/k8s/configmap.yaml");
+        let (_, block) = yaml.split_once("larder.toml: |\n").unwrap();
+        let toml: String = block
+            .lines()
+            .map(|l| l.strip_prefix("    ").unwrap_or(l))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let c = Config::parse(&toml).unwrap();
+        check_config(&c).unwrap();
+        assert_eq!(c.datasets.len(), 1);
+    }
 }
 
 /// docs/config.md lists every key the config structs and the formats read, and no other.
