@@ -54,6 +54,10 @@ pub struct NodeSplit {
     pub node: u32,
     pub partitions: u32,
     pub granule: u64,
+    /// Thousandths of the granules that change partition each epoch (Q): a seeded choice
+    /// by (seed, epoch), each taking the place of the next one chosen, so every partition
+    /// keeps its size. 0: each partition keeps its granules for the run.
+    pub swap_per_mille: u32,
 }
 
 /// Partitions when a request names none: a multiple of every node count up to 8 but 5 and 7,
@@ -81,14 +85,31 @@ impl NodeSplit {
     }
 }
 
-/// The granules of an `n`-sample dataset each partition holds, in the order they were dealt:
-/// a permutation of the granules by the seed alone (in order when not shuffled), dealt in turn.
-fn dealt(n: u64, seed: u64, shuffle: bool, split: &NodeSplit) -> Vec<Vec<u64>> {
+/// The granules of an `n`-sample dataset each partition holds in `epoch`, in the order they
+/// were dealt: a permutation of the granules by the seed alone (in order when not shuffled),
+/// dealt in turn; then, with `swap_per_mille`, that share of them chosen by (seed, epoch), each
+/// moved into the place of the next one chosen.
+fn dealt(n: u64, seed: u64, epoch: u64, shuffle: bool, split: &NodeSplit) -> Vec<Vec<u64>> {
     let granules = n.div_ceil(split.granule.max(1));
     let order = epoch_order(granules, seed ^ 0xA076_1D64_78BD_642F, 0, shuffle);
-    let mut parts = vec![vec![]; split.partitions as usize];
-    for (k, g) in order.into_iter().enumerate() {
-        parts[k % split.partitions as usize].push(g);
+    let parts_n = split.partitions as usize;
+    let mut parts = vec![vec![]; parts_n];
+    for (k, &g) in order.iter().enumerate() {
+        parts[k % parts_n].push(g);
+    }
+    let swapped = granules * split.swap_per_mille.min(1000) as u64 / 1000;
+    if swapped > 1 && shuffle {
+        // Where each granule was dealt: (partition, index), from the deal's own arithmetic.
+        let mut place = vec![(0usize, 0usize); granules as usize];
+        for (k, &g) in order.iter().enumerate() {
+            place[g as usize] = (k % parts_n, k / parts_n);
+        }
+        let chosen = epoch_order(granules, seed ^ 0x5A5A_C3C3_9696_0F0F, epoch, true);
+        let chosen = &chosen[..swapped as usize];
+        for (i, &g) in chosen.iter().enumerate() {
+            let (p, at) = place[chosen[(i + 1) % chosen.len()] as usize];
+            parts[p][at] = g;
+        }
     }
     parts
 }
@@ -125,7 +146,7 @@ pub fn node_order(
     shuffle: bool,
     split: &NodeSplit,
 ) -> (Vec<u64>, u64) {
-    let parts = dealt(n, seed, shuffle, split);
+    let parts = dealt(n, seed, epoch, shuffle, split);
     let g = split.granule.max(1);
     let size =
         |granules: &[u64]| -> u64 { granules.iter().map(|&k| ((k + 1) * g).min(n) - k * g).sum() };
@@ -666,6 +687,7 @@ mod sharding_tests {
         local: u32,
         partitions: u32,
         epoch: u64,
+        swap: u32,
     ) -> Vec<(u32, Vec<u64>, u64)> {
         let world = nodes * local;
         (0..world)
@@ -678,6 +700,7 @@ mod sharding_tests {
                         node: rank / local,
                         partitions,
                         granule: 7,
+                        swap_per_mille: swap,
                     }),
                     ..plan(n, 16, rank, world, 0, 1)
                 })
@@ -697,7 +720,7 @@ mod sharding_tests {
         let n = 1003;
         for nodes in [1, 2, 4] {
             for epoch in 0..2 {
-                let ranks = on_nodes(n, nodes, 2, 8, epoch);
+                let ranks = on_nodes(n, nodes, 2, 8, epoch, if epoch == 0 { 0 } else { 100 });
                 let mut seen: Vec<u64> = ranks.iter().flat_map(|r| r.1.clone()).collect();
                 seen.sort();
                 assert_eq!(
@@ -715,6 +738,53 @@ mod sharding_tests {
     }
 
     #[test]
+    fn a_share_of_granules_changes_partition_each_epoch() {
+        let n = 7000;
+        let part = |epoch, swap| -> std::collections::BTreeSet<u64> {
+            let split = NodeSplit {
+                nodes: 4,
+                node: 2,
+                partitions: 8,
+                granule: 7,
+                swap_per_mille: swap,
+            };
+            node_order(n, 5, epoch, true, &split)
+                .0
+                .into_iter()
+                .collect()
+        };
+        let (base, e1, e2) = (part(1, 0), part(1, 100), part(2, 100));
+        assert_eq!(
+            base,
+            part(2, 0),
+            "without a swap, the same part every epoch"
+        );
+        // Q = 10%: about 10% of the node's part comes from elsewhere each epoch (a chosen
+        // granule leaves and another comes, each with probability about Q).
+        for e in [&e1, &e2] {
+            let moved = e.difference(&base).count() as f64 / base.len() as f64;
+            assert!((0.05..0.15).contains(&moved), "{moved}");
+            assert_eq!(e.len() as f64 / base.len() as f64 > 0.9, true);
+        }
+        assert_ne!(e1, e2, "a new choice each epoch");
+        // Exactly once over the nodes still.
+        let mut all: Vec<u64> = (0..4)
+            .flat_map(|node| {
+                let split = NodeSplit {
+                    nodes: 4,
+                    node,
+                    partitions: 8,
+                    granule: 7,
+                    swap_per_mille: 100,
+                };
+                node_order(n, 5, 3, true, &split).0
+            })
+            .collect();
+        all.sort();
+        assert_eq!(all, (0..n).collect::<Vec<_>>());
+    }
+
+    #[test]
     fn a_nodes_part_is_whole_granules_kept_across_epochs() {
         let n = 1003;
         let part = |epoch| {
@@ -728,6 +798,7 @@ mod sharding_tests {
                     node: 1,
                     partitions: 8,
                     granule: 7,
+                    swap_per_mille: 0,
                 },
             );
             order
@@ -764,8 +835,9 @@ mod sharding_tests {
                 node: c % nodes,
                 partitions: parts,
                 granule: 7,
+                swap_per_mille: 0,
             };
-            let dealt = dealt(n, 9, true, &split);
+            let dealt = dealt(n, 9, 3, true, &split);
             let members: std::collections::HashSet<u64> = dealt[c as usize]
                 .iter()
                 .flat_map(|&g| g * 7..((g + 1) * 7).min(n))
@@ -798,6 +870,7 @@ mod sharding_tests {
             node,
             partitions,
             granule: 1,
+            swap_per_mille: 0,
         };
         assert!(err(s(3, 0, 64), 0, 3).contains("multiple of nodes"));
         assert!(err(s(2, 2, 64), 0, 2).contains("out of range"));

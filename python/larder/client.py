@@ -218,7 +218,7 @@ class Client:
         `num_workers`). `shard`: seed=0, epoch=0, rank=0, world_size=1, worker=0,
         num_workers=1, shuffle=True, drop_last=False, even_batches=True, start_sample=0,
         start_step=0, start_batch=0, fields=None, variable_layout="padded", pipeline="eval",
-        nodes=0, node=0, partitions=0.
+        nodes=0, node=0, partitions=0, swap=0.0.
 
         The daemon holds the sharding rule: the epoch's order, from `start_sample` on, is cut
         into batches taken in rounds, one per rank, round t being every rank's step t; a rank's
@@ -241,8 +241,9 @@ class Client:
         dataset's granules dealt once by the seed to `partitions` canonical partitions, 64 by
         default, a multiple of `nodes`; each shuffled within itself every epoch), so its
         daemon's cache keeps serving it; every sample still comes once an epoch over all the
-        nodes' ranks, numbered node by node. `start_sample` is then a position in the node's
-        part (resume on the same number of nodes).
+        nodes' ranks, numbered node by node. `swap` (0 to 1): the share of the granules that
+        change partition each epoch (a node's part moves by about that much). `start_sample`
+        is then a position in the node's part (resume on the same number of nodes).
 
         `fields` picks and orders the fields served (default: all). Fields whose shape varies
         by sample come padded, with lengths (`variable_layout="padded"`), or as values plus

@@ -30,6 +30,7 @@ def stream_request(
     nodes: int = 0,
     node: int = 0,
     partitions: int = 0,
+    swap: float = 0.0,
 ) -> "pb.StreamBatchesRequest":
     """The StreamBatches request for `Client.stream`'s arguments, checked here so that bad ones fail
     before any call (LarderIterableDataset checks them as it is made)."""
@@ -40,6 +41,8 @@ def stream_request(
         raise ValueError(f"pipeline must be 'train' or 'eval', not {pipeline!r}")
     if nodes and not 0 <= node < nodes:
         raise ValueError(f"node must be in 0..{nodes}, not {node}")
+    if not 0.0 <= swap <= 1.0:
+        raise ValueError(f"swap must be a share from 0 to 1, not {swap}")
     return pb.StreamBatchesRequest(
         dataset=dataset,
         batch_size=batch_size,
@@ -62,4 +65,5 @@ def stream_request(
         nodes=nodes,
         node=node,
         partitions=partitions,
+        swap=swap,
     )

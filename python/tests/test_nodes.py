@@ -16,7 +16,10 @@ def make_h5(path):
     import h5py
 
     with h5py.File(path, "w") as f:
-        f.create_dataset("images", data=np.random.default_rng(0).integers(0, 256, (N, 3, 32, 32), dtype=np.uint8))
+        # Chunks of 10 rows: granules of 10 samples, 200 of them dealt to the partitions (a
+        # dataset of few, large granules splits unevenly between nodes).
+        f.create_dataset("images", data=np.random.default_rng(0).integers(0, 256, (N, 3, 32, 32), dtype=np.uint8),
+                         chunks=(10, 3, 32, 32))
         f.create_dataset("labels", data=np.arange(N, dtype=np.int64))
 
 
@@ -63,12 +66,21 @@ def test_each_node_keeps_its_part_of_the_dataset_hot(tmp_path):
             d.stop()
             d.start()
         global_rates, global_raw = run_job(daemons, 4)
+        for d in daemons:
+            d.stop()
+            d.start()
+        swap_rates, swap_raw = run_job(daemons, 4, partitions=8, swap=0.1)
     finally:
         for d in daemons:
             d.stop()
     print("node-aware:", [[round(r, 3) for r in e] for e in split_rates], split_raw)
     print("global order:", [[round(r, 3) for r in e] for e in global_rates], global_raw)
+    print("node-aware, swap 10%:", [[round(r, 3) for r in e] for e in swap_rates], swap_raw)
     for epoch in range(1, 4):
         assert min(split_rates[epoch]) >= 0.95, (epoch, split_rates[epoch])
         assert split_raw[epoch] <= 0.05 * N, (epoch, split_raw[epoch])
         assert max(global_rates[epoch]) < 0.5, (epoch, global_rates[epoch])
+        # A tenth of the granules change partition each epoch: about a tenth of each node's
+        # part is read anew (raw reads within Q + 0.05 of the dataset).
+        assert 0.75 <= min(swap_rates[epoch]) and max(swap_rates[epoch]) < 1.0, (epoch, swap_rates[epoch])
+        assert swap_raw[epoch] <= (0.1 + 0.05) * N, (epoch, swap_raw[epoch])

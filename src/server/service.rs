@@ -453,6 +453,7 @@ impl Service {
                     req.partitions
                 },
                 granule: ds.source.read_granule(),
+                swap_per_mille: (req.swap.clamp(0.0, 1.0) * 1000.0).round() as u32,
             }),
         })
         .map_err(|e| bad_request(format!("{e:#}")))?;
