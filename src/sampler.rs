@@ -764,7 +764,7 @@ mod sharding_tests {
         for e in [&e1, &e2] {
             let moved = e.difference(&base).count() as f64 / base.len() as f64;
             assert!((0.05..0.15).contains(&moved), "{moved}");
-            assert_eq!(e.len() as f64 / base.len() as f64 > 0.9, true);
+            assert!(e.len() as f64 / base.len() as f64 > 0.9);
         }
         assert_ne!(e1, e2, "a new choice each epoch");
         // Exactly once over the nodes still.
