@@ -84,3 +84,37 @@ def test_each_node_keeps_its_part_of_the_dataset_hot(tmp_path):
         # part is read anew (raw reads within Q + 0.05 of the dataset).
         assert 0.75 <= min(swap_rates[epoch]) and max(swap_rates[epoch]) < 1.0, (epoch, swap_rates[epoch])
         assert swap_raw[epoch] <= (0.1 + 0.05) * N, (epoch, swap_raw[epoch])
+
+
+def test_the_torch_dataset_reads_its_nodes_part(tmp_path):
+    """LarderIterableDataset with nodes=2 on 2 nodes of 2 ranks: every sample once an epoch
+    (padding masked out), and each node's samples the same every epoch."""
+    pytest = __import__("pytest")
+    pytest.importorskip("torch")
+    from larder.torch import LarderIterableDataset
+
+    make_h5(tmp_path / "d.h5")
+    daemons = []
+    try:
+        for k in range(2):
+            (tmp_path / f"n{k}").mkdir()
+            daemons.append(Daemon(tmp_path / f"n{k}", f'[[dataset]]\nname = "d"\npath = "{tmp_path / "d.h5"}"\nlabels = "labels"\n'))
+        parts = {}
+        for epoch in range(2):
+            seen = []
+            for rank in range(4):
+                node = rank // 2
+                ds = LarderIterableDataset("d", 64, address=daemons[node].unix, seed=1, epoch=epoch, rank=rank,
+                                           world_size=4, nodes=2, valid=True)
+                ids = []
+                for _, labels, valid in ds:
+                    ids.extend(int(i) for i in labels[valid])
+                seen.extend(ids)
+                parts.setdefault((epoch, node), set()).update(ids)
+            assert sorted(seen) == list(range(N)), f"epoch {epoch}"
+        for node in range(2):
+            assert parts[(0, node)] == parts[(1, node)], "a node's part is the same every epoch"
+        assert not parts[(0, 0)] & parts[(0, 1)]
+    finally:
+        for d in daemons:
+            d.stop()

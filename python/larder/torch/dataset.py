@@ -34,6 +34,10 @@ class LarderIterableDataset(IterableDataset):
     them. `even_batches` (default) gives every rank the same number of batches, repeating a few
     samples like `DistributedSampler`, so a DDP loop never waits on a rank that ran out.
 
+    A job over several nodes, a larderd each: `nodes=` (and `node=`, else torchrun's
+    GROUP_RANK or Slurm's SLURM_NODEID) has each node read its own part of every epoch, so its
+    daemon's cache keeps serving it (see `Client.stream`; resume on the same number of nodes).
+
     Batches in the shape a training loop expects: `normalize=(mean, std)` (torchvision's
     numbers, e.g. ImageNet's), `device=`, `dtype=`, `channels_last=` give the images as float,
     normalized on the device (the transfer moves uint8, a quarter of the bytes); the rest move
@@ -87,6 +91,10 @@ class LarderIterableDataset(IterableDataset):
         device=None,
         dtype: Optional[torch.dtype] = None,
         channels_last: bool = False,
+        nodes: Optional[int] = None,
+        node: Optional[int] = None,
+        partitions: int = 0,
+        swap: float = 0.0,
     ):
         super().__init__()
         # Bad arguments fail here rather than at the first batch (Client.stream's own checks).
@@ -116,6 +124,13 @@ class LarderIterableDataset(IterableDataset):
         self.device = device
         self.dtype = dtype
         self.channels_last = channels_last
+        # A job over several nodes, a daemon each (see Client.stream): each node reads its own
+        # part of every epoch. `node` defaults to torchrun's GROUP_RANK, Slurm's SLURM_NODEID,
+        # else rank // (world_size // nodes).
+        self.nodes = nodes
+        self.node = node
+        self.partitions = partitions
+        self.swap = swap
         # What the training process saw when it handed this copy to a spawned DataLoader
         # worker, for the worker to use: "ddp", its (rank, world size), and "accelerate", its
         # place under Accelerate's dispatcher (see larder.torch.roles). None: not handed over.
@@ -225,10 +240,24 @@ class LarderIterableDataset(IterableDataset):
     def _shard(self, rank: int, world: int) -> dict:
         """What picks this dataset's batches for `rank` of `world`, as Client.stream and
         Client.plan take it."""
-        return dict(seed=self.seed, rank=rank, world_size=world, shuffle=self.shuffle,
-                    drop_last=self.drop_last, even_batches=self.even_batches,
-                    fields=self._served_fields(), variable_layout=self.variable_layout,
-                    pipeline=self.pipeline)
+        shard = dict(seed=self.seed, rank=rank, world_size=world, shuffle=self.shuffle,
+                     drop_last=self.drop_last, even_batches=self.even_batches,
+                     fields=self._served_fields(), variable_layout=self.variable_layout,
+                     pipeline=self.pipeline)
+        if self.nodes and self.nodes > 1 and world > 1:
+            shard.update(nodes=self.nodes, node=self._node(rank, world), partitions=self.partitions,
+                         swap=self.swap)
+        return shard
+
+    def _node(self, rank: int, world: int) -> int:
+        """This rank's node: given, or torchrun's GROUP_RANK, or Slurm's SLURM_NODEID, or its
+        place when ranks are numbered node by node."""
+        if self.node is not None:
+            return self.node
+        for var in ("GROUP_RANK", "SLURM_NODEID"):
+            if var in os.environ:
+                return int(os.environ[var])
+        return rank // max(1, world // self.nodes)
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         info = get_worker_info()
