@@ -15,6 +15,12 @@ pub const DEFAULT_ADDR: &str = "unix:/run/larder/larder.sock";
 
 /// Connects to `addr`: "http://host:port", "host:port", or "unix:/path/to/socket".
 pub async fn connect(addr: &str) -> Result<Client> {
+    let channel = channel(addr).await?;
+    Ok(LarderClient::new(channel).max_decoding_message_size(usize::MAX))
+}
+
+/// A channel to the daemon at `addr` (as `connect` takes it), for any of its services.
+pub async fn channel(addr: &str) -> Result<tonic::transport::Channel> {
     let channel = if let Some(path) = addr.strip_prefix("unix:") {
         let path = std::path::PathBuf::from(path);
         Endpoint::try_from("http://localhost")?
@@ -43,7 +49,7 @@ pub async fn connect(addr: &str) -> Result<Client> {
              (systemctl status larderd; set LARDER_ADDR or --addr for another address)"
         )
     })?;
-    Ok(LarderClient::new(channel).max_decoding_message_size(usize::MAX))
+    Ok(channel)
 }
 
 /// Streams one request to its end and returns its batches.

@@ -5,6 +5,7 @@
 
 mod common;
 
+use larder::proto::health::health_check_response::ServingStatus::{NotServing, Serving};
 use larder::synthetic::make_dataset;
 use std::os::unix::fs::{chown, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -64,6 +65,26 @@ fn id(flag: &str, name: &str) -> u32 {
         .trim()
         .parse()
         .unwrap()
+}
+
+/// The health service's status of `service`, asked as root over `socket`.
+fn health(socket: &Path, service: &str) -> i32 {
+    use larder::proto::health::{health_client::HealthClient, HealthCheckRequest};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let channel = larder::client::channel(&format!("unix:{}", socket.display()))
+            .await
+            .unwrap();
+        let request = HealthCheckRequest {
+            service: service.to_string(),
+        };
+        HealthClient::new(channel)
+            .check(request)
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+    })
 }
 
 /// `larder ARGS` run as user `uid` against the daemon at `socket`, as a login would start it:
@@ -839,6 +860,10 @@ fn a_users_files_are_parsed_by_a_reader_as_them_and_its_failure_is_theirs_alone(
         .count();
     assert_eq!(sockets, 1, "the reader's sockets");
 
+    // The health service, as root asks it over the socket: both datasets SERVING.
+    assert_eq!(health(&socket, &mine), Serving as i32);
+    assert_eq!(health(&socket, &theirs), Serving as i32);
+
     // Alice's reader crashes: her stream ends with an error naming her dataset at once; bob
     // streams on; the daemon is the same process; after the backoff hers serves again.
     // (Rust's stack-overflow handler takes the first SIGSEGV that is sent rather than caused by
@@ -848,6 +873,9 @@ fn a_users_files_are_parsed_by_a_reader_as_them_and_its_failure_is_theirs_alone(
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(larderd_processes_of(alice).is_empty(), "the reader crashed");
+    // Health says so before any stream asks: hers NOT_SERVING, bob's SERVING.
+    assert_eq!(health(&socket, &mine), NotServing as i32);
+    assert_eq!(health(&socket, &theirs), Serving as i32);
     let started = Instant::now();
     let failed = bench(alice, &mine);
     let said = text(&failed);
@@ -871,6 +899,7 @@ fn a_users_files_are_parsed_by_a_reader_as_them_and_its_failure_is_theirs_alone(
         assert!(back.elapsed() < Duration::from_secs(20), "{}", text(&o));
         std::thread::sleep(Duration::from_millis(500));
     }
+    assert_eq!(health(&socket, &mine), Serving as i32, "her reader is back");
 
     // Her reader hangs (stopped): her stream ends within 10 s, bob's does not notice.
     let readers = larderd_processes_of(alice);

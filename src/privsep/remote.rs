@@ -466,6 +466,20 @@ impl RemoteSource {
 }
 
 impl Prepared for RemoteSource {
+    fn down(&self) -> Option<String> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = state.reader.as_ref().and_then(|r| r.dead()) {
+            return Some(format!("its reader failed: {why}"));
+        }
+        if state.restarting {
+            return Some("its reader is being started again".into());
+        }
+        state
+            .retry_at
+            .filter(|at| Instant::now() < *at)
+            .map(|_| "its reader failed; it is started again after a backoff".into())
+    }
+
     fn load(&self, start: u64, count: u64) -> Result<(Vec<Result<Vec<u8>>>, u64)> {
         ensure!(
             count > 0 && start.checked_add(count).is_some_and(|e| e <= self.meta.len),

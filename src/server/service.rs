@@ -248,11 +248,17 @@ impl Service {
 
     /// Whether `who` added dataset `name` (`larder add`): they are told why it does not open.
     /// Dataset `name` as `who` may know of it: Some(true) served, Some(false) listed to them
-    /// but not served now (being opened, or its open failed), None: no dataset of that name
-    /// they may see (the same rule as ListDatasets).
+    /// but not served now (being opened, its open failed, or its reader failed and has not
+    /// started again), None: no dataset of that name they may see (the same rule as
+    /// ListDatasets).
     pub(super) async fn dataset_serving(&self, who: &Caller, name: &str) -> Option<bool> {
         if let Some(ds) = self.catalog.get(name) {
-            return self.may_read(&ds, who).await.then_some(true);
+            if !self.may_read(&ds, who).await {
+                return None;
+            }
+            // A user's dataset whose reader failed is not served until it starts again.
+            let down = ds.source.prepared().and_then(|p| p.down());
+            return Some(down.is_none());
         }
         let listed = self.catalog.unavailable().iter().any(|(n, _)| n == name);
         (listed && (who.is_admin() || self.owns(who, name))).then_some(false)

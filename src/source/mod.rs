@@ -360,6 +360,12 @@ pub trait Prepared: Send + Sync {
     /// bytes read. Err: none of them could be had (the reader failed), for the stream to end
     /// with, never a bad sample.
     fn load(&self, start: u64, count: u64) -> Result<(Vec<Result<Vec<u8>>>, u64)>;
+
+    /// Why none of its samples can be had now (its reader failed and has not started again),
+    /// if so: for the health service. None while a reader serves or can be started.
+    fn down(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Where a source's samples come from, for the scratch tier (which version of the data its
