@@ -60,9 +60,12 @@ pub struct NodeSplit {
     pub swap_per_mille: u32,
 }
 
-/// Partitions when a request names none: a multiple of every node count up to 8 but 5 and 7,
-/// and of 16, 32 and 64.
-pub const DEFAULT_PARTITIONS: u32 = 64;
+/// Partitions when a request names none: a multiple of 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48,
+/// 64 and 96 nodes.
+pub const DEFAULT_PARTITIONS: u32 = 192;
+
+/// The most partitions a request may ask for (each is a list the daemon makes).
+pub const MAX_PARTITIONS: u32 = 65_536;
 
 impl NodeSplit {
     fn check(&self) -> Result<()> {
@@ -72,6 +75,12 @@ impl NodeSplit {
                 self.node,
                 self.nodes,
                 self.nodes
+            );
+        }
+        if self.partitions > MAX_PARTITIONS {
+            bail!(
+                "partitions ({}) may be at most {MAX_PARTITIONS}",
+                self.partitions
             );
         }
         if self.partitions == 0 || !self.partitions.is_multiple_of(self.nodes) {
@@ -284,7 +293,7 @@ impl Plan {
                 let real = order.len() as u64;
                 if real == 0 && n > 0 {
                     bail!(
-                        "node {} of {nodes} holds none of the dataset's {} granules of {} samples (it has fewer granules than partitions: ask for fewer partitions)",
+                        "node {} of {nodes} holds none of the dataset's {} granules of {} samples: too few granules for every node to hold some (use fewer nodes, or a dataset of smaller granules, such as smaller HDF5 chunks)",
                         split.node,
                         req.num_samples.div_ceil(split.granule.max(1)),
                         split.granule
@@ -873,6 +882,11 @@ mod sharding_tests {
             swap_per_mille: 0,
         };
         assert!(err(s(3, 0, 64), 0, 3).contains("multiple of nodes"));
+        assert!(err(s(1, 0, 4_000_000_000), 0, 1).contains("at most 65536"));
+        // The default suits 3 and 6 nodes as well as 2, 4 and 8.
+        for nodes in [1, 2, 3, 4, 6, 8] {
+            assert!(DEFAULT_PARTITIONS.is_multiple_of(nodes));
+        }
         assert!(err(s(2, 2, 64), 0, 2).contains("out of range"));
         assert!(err(s(2, 1, 64), 0, 4).contains("rank 0 is on node 0"));
         assert!(err(s(2, 0, 64), 0, 3).contains("world_size 3 is not a multiple"));

@@ -238,7 +238,7 @@ class Client:
         `nodes`, `node`: a job over several nodes, each with its own larderd (the client of
         each rank connects to its node's daemon): node `node` (torchrun's GROUP_RANK, Slurm's
         SLURM_NODEID) reads its own part of every epoch, the same part each epoch (the
-        dataset's granules dealt once by the seed to `partitions` canonical partitions, 64 by
+        dataset's granules dealt once by the seed to `partitions` canonical partitions, 192 by
         default, a multiple of `nodes`; each shuffled within itself every epoch), so its
         daemon's cache keeps serving it; every sample still comes once an epoch over all the
         nodes' ranks, numbered node by node. `swap` (0 to 1): the share of the granules that

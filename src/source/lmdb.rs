@@ -243,10 +243,12 @@ fn entries(file: &std::fs::File, size: u64) -> Result<Vec<Entry>> {
     let ps = psize as usize;
     // Depth first, children in order: the cursor's order, the keys' sorted order.
     let mut stack = vec![(meta.root, 1u16)];
-    let mut visited = 0u64;
+    let mut visited = std::collections::HashSet::new();
+    // Keys copied so far: a forged tree whose nodes share one key many times is refused
+    // before they take more than the file itself.
+    let mut key_bytes = 0u64;
     while let Some((pgno, level)) = stack.pop() {
-        visited += 1;
-        ensure!(visited <= pages, "its tree reaches a page twice");
+        ensure!(visited.insert(pgno), "its tree reaches page {pgno} twice");
         ensure!(
             pgno < pages,
             "page {pgno} is past the file's end ({pages} pages)"
@@ -301,6 +303,12 @@ fn entries(file: &std::fs::File, size: u64) -> Result<Vec<Entry>> {
                 let nflags = u16_at(&page, ptr + 4)?;
                 let ksize = u16_at(&page, ptr + 6)? as usize;
                 let key_at = ptr + NODE_HEADER;
+                key_bytes += ksize as u64 + NODE_HEADER as u64;
+                ensure!(
+                    key_bytes <= size && (out.len() as u64) < meta.entries,
+                    "its tree holds more than its meta page's {} entries, or keys larger than the file",
+                    meta.entries
+                );
                 let key = page
                     .get(key_at..key_at + ksize)
                     .with_context(|| format!("page {pgno}: node {i}'s key is past the page's end"))?
@@ -736,7 +744,7 @@ mod tests {
         assert!(err(&|b| b.truncate(3 * PS)).contains("past the file's end"));
         // The root made to point at itself.
         let root = u64::from_le_bytes(good[PS + 128..PS + 136].try_into().unwrap()) as usize;
-        assert!(err(&|b| put16(b, root * PS + PS - 8, root as u16)).contains("level"));
+        assert!(err(&|b| put16(b, root * PS + PS - 8, root as u16)).contains("twice"));
         assert!(err(&|b| put64(b, PS + 120, 99)).contains("counts 99 entries"));
         assert!(err(&|b| put16(b, PS + 92, MDB_DUPSORT)).contains("MDB_DUPSORT"));
     }

@@ -28,7 +28,7 @@ const COMPACT_EVERY: u64 = 64;
 
 struct Inner {
     entries: KeyMap<Entry>,
-    /// Where records of sizes seen often are packed.
+    /// Where records of the sizes fixed-shape datasets expect are packed.
     slabs: Slabs,
     policy: Box<dyn Eviction>,
     /// Bytes held, overhead included.

@@ -5,9 +5,9 @@
 //! bytes); a record copied into a free slot costs its slot, and a slot freed is taken by the
 //! next record of that size without a page fault.
 //!
-//! A size gets slabs when a fixed-shape dataset opens (its records are all one size: `expect`),
-//! or once the tier has seen `CLASS_AFTER` records of it; other sizes (variable-sized images) stay with the
-//! allocator, where a slab each would hold mostly empty slots. A record in a slab is a `Bytes`
+//! A size gets slabs when a fixed-shape dataset opens (its records are all one size: `expect`);
+//! other sizes (variable-sized images) stay with the allocator, where a slab each would hold
+//! mostly empty slots that the budget does not see. A record in a slab is a `Bytes`
 //! whose owner gives its slot back when the last clone drops (a stream may still be sending it
 //! after the tier let it go). The tier moves records out of its emptiest slab when a size has
 //! more than a slab's worth of free slots (`Slabs::compact`), so empty slots stay bounded: at
@@ -26,10 +26,6 @@ const SLAB_BYTES: usize = 2 << 20;
 const MIN_RECORD: usize = 1024;
 /// Records larger than this stay with the allocator (fewer than 4 a slab).
 const MAX_RECORD: usize = SLAB_BYTES / 4;
-/// A size gets slabs once this many records of it have come.
-const CLASS_AFTER: u32 = 64;
-/// Sizes counted toward `CLASS_AFTER` at most (the counts start again past it).
-const MAX_COUNTED: usize = 4096;
 
 /// The slot a record of `len` bytes takes, if it goes to a slab at all.
 fn slot_of(len: usize) -> Option<usize> {
@@ -141,8 +137,6 @@ struct Class {
 #[derive(Default)]
 pub struct Slabs {
     classes: HashMap<usize, Class>,
-    /// Records seen per slot size not yet given slabs.
-    seen: HashMap<usize, u32>,
 }
 
 /// Where a record the tier keeps lives: in a slab, or allocated alone.
@@ -154,7 +148,7 @@ pub struct Placed {
 
 impl Slabs {
     /// `data` as the tier keeps it: copied into a slot of its size when that size has slabs
-    /// (a new slab when they are full), else as it came.
+    /// (`expect`; a new slab when they are full), else as it came.
     pub fn place(&mut self, data: Bytes) -> Placed {
         let alone = |data: Bytes| Placed {
             bytes: crate::alloc::allocation_size(data.len()) as u64,
@@ -163,25 +157,9 @@ impl Slabs {
         let Some(slot) = slot_of(data.len()) else {
             return alone(data);
         };
-        if !self.classes.contains_key(&slot) {
-            if self.seen.len() >= MAX_COUNTED && !self.seen.contains_key(&slot) {
-                self.seen.clear();
-            }
-            let n = self.seen.entry(slot).or_default();
-            *n += 1;
-            if *n < CLASS_AFTER {
-                return alone(data);
-            }
-            self.seen.remove(&slot);
-            self.classes.insert(
-                slot,
-                Class {
-                    slabs: vec![],
-                    current: 0,
-                },
-            );
-        }
-        let class = self.classes.get_mut(&slot).expect("inserted above");
+        let Some(class) = self.classes.get_mut(&slot) else {
+            return alone(data);
+        };
         // The slab used last, else the first with room, else a new one.
         let n = class.slabs.len();
         let placed = (0..n)
@@ -209,7 +187,6 @@ impl Slabs {
     /// Records of `len` bytes will come (a fixed-shape dataset's): their size has slabs now.
     pub fn expect(&mut self, len: usize) {
         if let Some(slot) = slot_of(len) {
-            self.seen.remove(&slot);
             self.classes.entry(slot).or_insert(Class {
                 slabs: vec![],
                 current: 0,
@@ -302,18 +279,20 @@ mod tests {
     }
 
     #[test]
-    fn a_size_seen_often_gets_slots_of_its_own_length() {
+    fn a_size_a_dataset_expects_gets_slots_of_its_own_length() {
         let mut slabs = Slabs::default();
         let len = 12_296;
+        // Before its size has slabs: the allocator's class (14,336).
+        let alone = slabs.place(record(len, 1));
+        assert_eq!(alone.bytes, crate::alloc::allocation_size(len) as u64);
+        assert!(alone.bytes >= 14_000);
+        slabs.expect(len);
         let mut kept = vec![];
-        for i in 0..CLASS_AFTER as usize + 10 {
+        for i in 0..10 {
             let p = slabs.place(record(len, i as u8));
             assert_eq!(&p.data[..], &vec![i as u8; len][..], "the record's bytes");
             kept.push(p);
         }
-        // The first ones came before the size had slabs: the allocator's class (14,336).
-        assert_eq!(kept[0].bytes, crate::alloc::allocation_size(len) as u64);
-        assert!(kept[0].bytes >= 14_000);
         let last = kept.last().unwrap();
         assert_eq!(last.bytes, 12_304, "the length rounded up to 16");
         assert_eq!(slabs.cost(len), 12_304);
@@ -335,9 +314,7 @@ mod tests {
     fn slots_come_back_when_the_last_clone_drops_and_empty_slabs_go() {
         let mut slabs = Slabs::default();
         let len = 4000;
-        for _ in 0..CLASS_AFTER {
-            slabs.place(record(len, 0));
-        }
+        slabs.expect(len);
         let per = SLAB_BYTES / 4000;
         let mut held: Vec<(Key, Bytes)> = (0..2 * per as u64)
             .map(|i| ((0, i), slabs.place(record(len, i as u8)).data))
@@ -370,9 +347,7 @@ mod tests {
     fn compaction_moves_the_emptiest_slabs_records_and_keeps_their_bytes() {
         let mut slabs = Slabs::default();
         let len = 100_000; // 20 a slab
-        for _ in 0..CLASS_AFTER {
-            slabs.place(record(len, 0));
-        }
+        slabs.expect(len);
         let mut held: Vec<(Key, Bytes)> = (0..60u64)
             .map(|i| ((0, i), slabs.place(record(len, i as u8)).data))
             .collect();
@@ -398,20 +373,16 @@ mod tests {
         let len = 12_296;
         let budget = 300 * cost_of(len);
         let tier = MemoryTier::stale_lru(budget);
+        tier.expect_size(len);
         for i in 0..2000u64 {
             tier.insert((1, i), record(len, i as u8), len as u64);
         }
         let s = tier.snapshot();
-        // The first CLASS_AFTER - 1 came alone, at the allocator's class; the rest in slots.
-        let alone = CLASS_AFTER as u64 - 1;
-        let slotted = (budget - alone * cost_of(len)) / (12_304 + ENTRY_OVERHEAD);
-        assert_eq!(s.entries, alone + slotted);
-        assert_eq!(
-            s.bytes,
-            alone * cost_of(len) + slotted * (12_304 + ENTRY_OVERHEAD)
-        );
-        // Against 300 at the allocator's classes: 13% more here, 16% once all are slotted.
-        assert!(s.entries >= 338, "{} samples", s.entries);
+        // Every record in a slot: 16% more than the 300 the allocator's classes allow.
+        let slotted = budget / (12_304 + ENTRY_OVERHEAD);
+        assert_eq!(s.entries, slotted);
+        assert_eq!(s.bytes, slotted * (12_304 + ENTRY_OVERHEAD));
+        assert!(s.entries >= 348, "{} samples", s.entries);
         for i in 0..s.entries {
             assert_eq!(&tier.peek(&(1, i)).unwrap()[..], &vec![i as u8; len][..]);
         }
