@@ -14,7 +14,7 @@ use super::{file_version, Format, Opened, Provenance, RawSample, RawSource, Stam
 use crate::config::keys::keys_of;
 use crate::config::{DatasetConfig, ImageMode, Limits, TrainCrop};
 use crate::fields::{DType, FieldSpec, Resample, Schema, Value};
-use crate::pipeline::{FieldOp, Preprocess, Resize};
+use crate::pipeline::{FieldOp, Preprocess};
 use anyhow::{bail, ensure, Context, Result};
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef};
@@ -104,11 +104,7 @@ pub(super) fn opened(
     source: Box<dyn super::Source>,
     format: &'static dyn Format,
 ) -> Result<Opened> {
-    let resize = Resize {
-        shorter: c.kept_size(c.crop_size(format.default_crop())),
-        max_size: c.max_size,
-        square: c.square,
-    };
+    let resize = super::resize_of(format, c);
     let mut ops = vec![];
     let mut specs = vec![];
     for col in columns {
@@ -915,10 +911,7 @@ impl RawSource for HfSource {
     }
 
     fn read_range(&self, start: u64, count: u64) -> Result<Vec<RawSample>> {
-        let end = start
-            .checked_add(count)
-            .filter(|&e| e <= self.len)
-            .with_context(|| format!("samples {start}..+{count} of {}", self.len))?;
+        let end = super::range_end(start, count, self.len)?;
         let mut out = Vec::with_capacity(count as usize);
         if let Some(direct) = &self.direct {
             for i in start..end {

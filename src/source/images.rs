@@ -449,11 +449,7 @@ fn paired_files(dir: &Path, field: &str, rels: &[PathBuf]) -> Result<Vec<PathBuf
 /// mode and kept resized, paired fields at their scale.
 fn open_dataset(c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
     let fields = Images.fields(c)?;
-    let resize = Resize {
-        shorter: c.kept_size(c.crop_size(Images.default_crop())),
-        max_size: c.max_size,
-        square: c.square,
-    };
+    let resize = super::resize_of(&Images, c);
     let mut source = ImageFolderSource::open(&c.path, &fields)?;
     source.max_file_bytes = limits.max_sample_bytes;
     tracing::info!(dataset = %c.name, classes = source.classes.len(), images = source.len(), "image folder opened");

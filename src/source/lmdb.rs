@@ -20,7 +20,7 @@ use super::{file_version, read_capped, Format, Opened, Provenance, RawSample, Ra
 use crate::config::keys::keys_of;
 use crate::config::{DatasetConfig, Limits, TrainCrop};
 use crate::fields::{Schema, Value};
-use crate::pipeline::{Preprocess, Resize};
+use crate::pipeline::Preprocess;
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
@@ -97,11 +97,7 @@ impl Format for Lmdb {
         let meta_info = keys.meta_info.map(|m| c.path.join(m));
         let mut source = LmdbSource::open(&c.path, &envs, meta_info.as_deref())?;
         source.max_value_bytes = limits.max_sample_bytes;
-        let resize = Resize {
-            shorter: c.kept_size(c.crop_size(self.default_crop())),
-            max_size: c.max_size,
-            square: c.square,
-        };
+        let resize = super::resize_of(self, c);
         let reference = fields[0].name.clone();
         let (mut ops, mut specs) = (vec![], vec![]);
         for f in &fields {
@@ -517,10 +513,7 @@ impl RawSource for LmdbSource {
     }
 
     fn read_range(&self, start: u64, count: u64) -> Result<Vec<RawSample>> {
-        let end = start
-            .checked_add(count)
-            .filter(|&e| e <= self.len())
-            .with_context(|| format!("samples {start}..+{count} of {}", self.len()))?;
+        let end = super::range_end(start, count, self.len())?;
         let out = (start as usize..end as usize)
             .map(|i| {
                 (0..self.names.len())

@@ -105,6 +105,24 @@ pub fn format_of(c: &DatasetConfig) -> Result<&'static dyn Format> {
     .with_context(|| format!("dataset {:?}", c.name))
 }
 
+/// The size dataset `c`'s images are kept at, read as `format` (its default crop when the
+/// table gives none).
+fn resize_of(format: &dyn Format, c: &DatasetConfig) -> crate::pipeline::Resize {
+    crate::pipeline::Resize {
+        shorter: c.kept_size(c.crop_size(format.default_crop())),
+        max_size: c.max_size,
+        square: c.square,
+    }
+}
+
+/// The end of samples `start..start + count` of a source of `len` samples, if they lie in it.
+fn range_end(start: u64, count: u64, len: u64) -> Result<u64> {
+    start
+        .checked_add(count)
+        .filter(|&end| end <= len)
+        .with_context(|| format!("samples {start}..+{count} of {len}"))
+}
+
 /// Checks that the crop `c` asks for fits in the size `format`'s images are kept at.
 fn check_crop_fits(format: &dyn Format, c: &DatasetConfig) -> Result<()> {
     let crop = c.crop_size(format.default_crop());

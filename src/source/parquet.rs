@@ -304,10 +304,7 @@ impl RawSource for ParquetSource {
     }
 
     fn read_range(&self, start: u64, count: u64) -> Result<Vec<RawSample>> {
-        let end = start
-            .checked_add(count)
-            .filter(|&e| e <= self.len)
-            .with_context(|| format!("samples {start}..+{count} of {}", self.len))?;
+        let end = super::range_end(start, count, self.len)?;
         let mut out = Vec::with_capacity(count as usize);
         let first = self
             .groups

@@ -18,7 +18,7 @@ use super::{file_version, Format, Opened, Provenance, RawSample, RawSource, Stam
 use crate::config::keys::keys_of;
 use crate::config::{DatasetConfig, ImageMode, Limits, TrainCrop};
 use crate::fields::{FieldSpec, Resample, Schema, Value};
-use crate::pipeline::{FieldOp, Parse, Preprocess, Resize};
+use crate::pipeline::{FieldOp, Parse, Preprocess};
 use anyhow::{bail, ensure, Context, Result};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -104,11 +104,7 @@ impl Format for WebDataset {
             .collect::<Result<_>>()?;
         let mut source = WdsSource::open(&c.path, &wanted)?;
         source.max_value_bytes = limits.max_sample_bytes;
-        let resize = Resize {
-            shorter: c.kept_size(c.crop_size(self.default_crop())),
-            max_size: c.max_size,
-            square: c.square,
-        };
+        let resize = super::resize_of(self, c);
         let (mut ops, mut specs) = (vec![], vec![]);
         for f in &source.fields {
             match f.kind {
@@ -626,10 +622,7 @@ impl RawSource for WdsSource {
     }
 
     fn read_range(&self, start: u64, count: u64) -> Result<Vec<RawSample>> {
-        let end = start
-            .checked_add(count)
-            .filter(|&e| e <= self.len())
-            .with_context(|| format!("samples {start}..+{count} of {}", self.len()))?;
+        let end = super::range_end(start, count, self.len())?;
         let span = self.span(start, end);
         let out = (start..end)
             .map(|i| {
