@@ -57,18 +57,19 @@ BATCH = 128
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def write_folder(root: pathlib.Path, n: int) -> int:
-    """n JPEGs of 500x375 in 10 classes; returns their bytes."""
+def write_folder(root: pathlib.Path, n: int, first: int = 0, classes: int = 10) -> int:
+    """JPEGs first..first+n of 500x375 in `classes` class folders (the same bytes whichever
+    process writes a range); returns their bytes."""
     base = Image.open(REPO / "tests" / "fixtures" / "parrots.jpg").convert("RGB")
-    rng = np.random.default_rng(0)
     total = 0
-    for i in range(n):
+    for i in range(first, first + n):
+        rng = np.random.default_rng(i)
         w = int(rng.uniform(0.5, 1.0) * base.width)
         h = int(w * 0.75)
         x, y = int(rng.integers(0, base.width - w + 1)), int(rng.integers(0, base.height - min(h, base.height) + 1))
         img = base.crop((x, y, x + w, y + h)).resize((500, 375), Image.BICUBIC)
         px = np.asarray(img).astype(np.int16) + rng.normal(0, 7, (375, 500, 3)).astype(np.int16)
-        cls = root / f"c{i % 10}"
+        cls = root / f"c{i % classes}"
         cls.mkdir(parents=True, exist_ok=True)
         path = cls / f"{i:05d}.jpg"
         Image.fromarray(np.clip(px, 0, 255).astype(np.uint8)).save(path, quality=90)

@@ -86,7 +86,9 @@ def machine() -> dict:
 def source() -> dict:
     """The commit the run was made at, and whether tracked files differed from it."""
     status = _git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": _git("rev-parse", "--short", "HEAD"), "dirty": bool(status) if status is not None else None}
+    # A copy of the tree without its .git (a GPU machine's) names its commit in LARDER_COMMIT.
+    commit = _git("rev-parse", "--short", "HEAD") or os.environ.get("LARDER_COMMIT")
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
 def params(args) -> dict:
