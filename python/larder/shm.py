@@ -76,8 +76,13 @@ class Ring:
         self.header: int = header
         self.slots: int = slots
         self.slot_bytes: int = slot_bytes
-        self._state = np.frombuffer(self._mm, np.uint32, count=slots, offset=_STATES_AT)
-        self._next = np.frombuffer(self._mm, np.uint64, count=1, offset=_CLIENT_NEXT_AT)
+        # Every array over the mapping is a view of this one: it goes only after the last of
+        # them, and the CUDA registration of a pinned ring is undone as it goes, while the
+        # memory is still mapped (numpy clears an array's weak references before releasing
+        # its base, the mmap).
+        self._all = np.frombuffer(self._mm, np.uint8)
+        self._state = self._all[_STATES_AT : _STATES_AT + 4 * slots].view(np.uint32)
+        self._next = self._all[_CLIENT_NEXT_AT : _CLIENT_NEXT_AT + 8].view(np.uint64)
         self._held: Set[int] = set()
         self._lock = threading.Lock()
         # Pinned rings: slots released while GPU copies from them may still be queued wait
@@ -103,9 +108,10 @@ class Ring:
         if not 0 <= slot < self.slots:
             raise ValueError(f"slot {slot} is not in the ring ({self.slots} slots)")
         self.poll()
-        base = np.frombuffer(
-            self._mm, np.uint8, count=self.slot_bytes, offset=self.header + slot * self.slot_bytes
-        )
+        at = self.header + slot * self.slot_bytes
+        # Through a memoryview: arrays made from `base` then name it as their base (numpy would
+        # skip a plain view of `_all` and name `_all`, and the slot would be freed at once).
+        base = np.frombuffer(memoryview(self._all[at : at + self.slot_bytes]), np.uint8)
         with self._lock:
             self._held.add(slot)
         weakref.finalize(base, self._release, slot)
@@ -150,10 +156,13 @@ class Ring:
             return True
         if not torch.cuda.is_available():
             return False
-        ptr = np.frombuffer(self._mm, np.uint8).ctypes.data
+        ptr = self._all.ctypes.data
         err = torch.cuda.cudart().cudaHostRegister(ptr, self.size, 0)
         if int(err) != 0:
-            raise RuntimeError(f"cudaHostRegister of the ring failed: {err}")
+            raise RuntimeError(f"cudaHostRegister of the ring failed: CUDA error {int(err)} ({err})")
+        # Unregistered before the mapping goes: a registration outliving it would keep the
+        # memfd's pages locked and refuse the next ring mapped at the same address.
+        weakref.finalize(self._all, _unregister, ptr)
         self._pinned = True
         return True
 
@@ -165,6 +174,15 @@ class Ring:
     @property
     def closed(self) -> bool:
         return self._sock.fileno() < 0
+
+
+def _unregister(ptr: int) -> None:
+    try:
+        import torch
+
+        torch.cuda.cudart().cudaHostUnregister(ptr)
+    except Exception:  # CUDA already torn down at exit: the process's registrations go with it
+        pass
 
 
 def open_ring(path: str, slots: int, slot_bytes: int) -> Optional[Ring]:

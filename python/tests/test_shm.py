@@ -352,3 +352,34 @@ def test_rings_count_against_the_memory_budget_and_are_sized_to_the_prefetch_dep
         assert s.shm_rings == 0
         # Back, less the finished stream's next epoch the policy keeps in mind.
         assert s.memory_budget_bytes == budget - s.memory_policy_bytes
+
+
+def test_the_mapping_goes_after_the_last_batch_from_it_and_is_mapped_until_then(daemon):
+    """A pinned ring's CUDA registration is undone as the ring's array over the whole mapping
+    goes (`Ring.pin` ties it to that array's life): not while a batch from the ring lives, and
+    while the memory is still mapped (a registration left on an unmapped range keeps its pages
+    locked and refuses the next ring mapped at that address)."""
+    import gc
+    import weakref
+
+    c = larder.Client(daemon.unix)
+    s = c.stream("train", 10, seed=4, transport="shm")
+    held = next(s)
+    s.close()
+    (ring,) = c._idle_rings
+    inode = _inode_at(ring_span(ring)[0])
+    mapped_when_gone = []
+    weakref.finalize(ring._all, lambda: mapped_when_gone.append(
+        inode in {i for _, _, i in ring_maps(os.getpid())}))
+    c.close()
+    del ring, s, c
+    gc.collect()
+    assert mapped_when_gone == [], "a batch from the ring is alive: the mapping stays"
+    check([held], held.sample_ids.tolist())
+    del held
+    deadline = time.monotonic() + 10
+    while not mapped_when_gone and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    assert mapped_when_gone == [True], "gone with the last batch, the memory still mapped as it went"
+    assert inode not in {i for _, _, i in ring_maps(os.getpid())}, "then unmapped"
