@@ -40,6 +40,7 @@ import torchvision
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
+import larder
 import results
 from images import Larderd, write_folder
 from larder.torch import LarderIterableDataset, to_float
@@ -74,6 +75,20 @@ def write_photos(root: pathlib.Path, n: int) -> int:
     jobs = [(str(root), first, min(step, n - first)) for first in range(0, n, step)]
     with multiprocessing.get_context("fork").Pool(os.cpu_count()) as pool:
         return sum(pool.map(_chunk, jobs))
+
+
+def wait_open(address: str, batch: int) -> float:
+    """Seconds until the daemon serves "pics" (it answers UNAVAILABLE while opening it)."""
+    t = time.perf_counter()
+    with larder.Client(address) as c:
+        while True:
+            try:
+                c.plan("pics", batch)
+                return time.perf_counter() - t
+            except larder.LarderError as e:
+                if "being opened" not in str(e):
+                    raise
+                time.sleep(0.02)
 
 
 class Utilization:
@@ -235,15 +250,20 @@ def main():
         del loader
 
     def larder_round(r):
-        dropped = drop_caches()
         d = Larderd(args.larderd, tmp, f"larder{r}", folder, budget)
         try:
+            # The cold epoch of a daemon that has opened the folder (listed it and read each
+            # JPEG's header, as a daemon started at boot has), its caches empty.
+            opened = wait_open(d.address, args.batch)
+            log(f"the daemon opened the folder in {opened:.1f} s")
+            dropped = drop_caches()
             ds = LarderIterableDataset("pics", args.batch, address=d.address, seed=r, pipeline="train",
                                        pin_memory=device.type == "cuda")
             loader = DataLoader(ds, batch_size=None, num_workers=0)
             for epoch in (1, 2):
                 record("larder (pinned ring)", r, epoch, dropped and epoch == 1,
-                       trainer.epoch(loader, larder_to_device, args.steps, stats=ds.input_stats))
+                       {**trainer.epoch(loader, larder_to_device, args.steps, stats=ds.input_stats),
+                        "open_seconds": opened})
             del loader, ds
         except Exception:
             log("the daemon's log ends:\n" + pathlib.Path(d.log.name).read_text(errors="replace")[-3000:])
