@@ -86,9 +86,11 @@ def machine() -> dict:
 def source() -> dict:
     """The commit the run was made at, and whether tracked files differed from it."""
     status = _git("status", "--porcelain", "--untracked-files=no")
-    # A copy of the tree without its .git (a GPU machine's) names its commit in LARDER_COMMIT.
-    commit = _git("rev-parse", "--short", "HEAD") or os.environ.get("LARDER_COMMIT")
-    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+    # A copy of the tree whose .git may not be current (a GPU machine's) names its commit in
+    # LARDER_COMMIT.
+    if os.environ.get("LARDER_COMMIT"):
+        return {"commit": os.environ["LARDER_COMMIT"], "dirty": None}
+    return {"commit": _git("rev-parse", "--short", "HEAD"), "dirty": bool(status) if status is not None else None}
 
 
 def params(args) -> dict:
@@ -334,6 +336,19 @@ def plot_formats(data, ax):
     return "Cold epochs of each format: larder against the format's own loader"
 
 
+def plot_gpu(data, ax):
+    rows = data["rows"]
+    setups = list(dict.fromkeys(r["setup"] for r in rows))
+    epochs = ["cold", "warm"]
+    series = {s: [next((r["images_per_s"] for r in rows if r["setup"] == s and r["epoch"] == e), 0)
+                  for e in epochs] for s in setups}
+    _bars(ax, [f"{e} epoch" for e in epochs], series)
+    ax.axhline(data["ceiling"]["images_per_s"], color="grey", linestyle="--",
+               label="the loop on data already on the GPU")
+    ax.set_ylabel("images/s into ResNet-50 training (median of rounds)")
+    return f"ResNet-50 (AMP, channels_last) on one {data.get('gpu', 'GPU')}, fed by torchvision and by larder"
+
+
 def plot_budget(data, ax):
     rows = data["rows"]
     shares = sorted({r["budget_share"] for r in rows})
@@ -357,6 +372,7 @@ PLOTS = {
     "frameworks": plot_frameworks,
     "readers": plot_readers,
     "formats": plot_formats,
+    "gpu": plot_gpu,
 }
 
 
