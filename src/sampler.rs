@@ -58,6 +58,11 @@ pub struct NodeSplit {
     /// by (seed, epoch), each taking the place of the next one chosen, so every partition
     /// keeps its size. 0: each partition keeps its granules for the run.
     pub swap_per_mille: u32,
+    /// An epoch begun on another number of nodes: (those nodes, the samples of its part each
+    /// had consumed). Each partition's consumed samples follow from that alone (a node reads
+    /// its partitions in turn), so this node reads what is left of its partitions, and
+    /// positions (`start_sample`) count from there. None: the epoch from its start.
+    pub resumed: Option<(u32, u64)>,
 }
 
 /// Partitions when a request names none: a multiple of 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48,
@@ -89,6 +94,14 @@ impl NodeSplit {
                 self.partitions,
                 self.nodes
             );
+        }
+        if let Some((before, _)) = self.resumed {
+            if before == 0 || !self.partitions.is_multiple_of(before) {
+                bail!(
+                    "the epoch was begun on {before} nodes: partitions ({}) must be a multiple of that too",
+                    self.partitions
+                );
+            }
         }
         Ok(())
     }
@@ -168,9 +181,42 @@ pub fn node_order(
         })
         .max()
         .unwrap_or(0);
+    // Samples of each partition consumed before (an epoch resumed on other nodes): a node's
+    // first `used` samples, its partitions taken in turn as below.
+    let consumed: Vec<u64> = match split.resumed {
+        None => vec![0; parts.len()],
+        Some((before, used)) => {
+            let mut consumed = vec![0; parts.len()];
+            for m in 0..before.max(1) {
+                let theirs: Vec<u32> = (m..split.partitions).step_by(before as usize).collect();
+                let lens: Vec<u64> = theirs.iter().map(|&c| size(&parts[c as usize])).collect();
+                for (k, taken) in taken_in_turn(&lens, used).into_iter().enumerate() {
+                    consumed[theirs[k] as usize] = taken;
+                }
+            }
+            consumed
+        }
+    };
+    let left = |c: u32| size(&parts[c as usize]) - consumed[c as usize];
+    let longest = match split.resumed {
+        None => longest,
+        Some(_) => (0..split.nodes)
+            .map(|m| {
+                (m..split.partitions)
+                    .step_by(split.nodes as usize)
+                    .map(left)
+                    .sum::<u64>()
+            })
+            .max()
+            .unwrap_or(0),
+    };
     let mine: Vec<Vec<u64>> = (split.node..split.partitions)
         .step_by(split.nodes as usize)
-        .map(|c| partition_sequence(n, &parts[c as usize], seed, epoch, shuffle, c, g))
+        .map(|c| {
+            let mut seq = partition_sequence(n, &parts[c as usize], seed, epoch, shuffle, c, g);
+            seq.drain(..consumed[c as usize] as usize);
+            seq
+        })
         .collect();
     let most = mine.iter().map(Vec::len).max().unwrap_or(0);
     let mut order = Vec::with_capacity(mine.iter().map(Vec::len).sum());
@@ -178,6 +224,40 @@ pub fn node_order(
         order.extend(mine.iter().filter_map(|p| p.get(i)));
     }
     (order, longest)
+}
+
+/// How many of each list's items the first `used` items of the lists taken in turn hold (one
+/// from each list that has one left, round after round), for lists of `lens` items.
+fn taken_in_turn(lens: &[u64], used: u64) -> Vec<u64> {
+    let mut taken = vec![0; lens.len()];
+    let mut left = used;
+    let mut sorted: Vec<u64> = lens.to_vec();
+    sorted.sort_unstable();
+    // Whole rounds first, in steps up to the next list's end.
+    let mut round = 0;
+    for (k, &end) in sorted.iter().enumerate() {
+        let active = (lens.len() - k) as u64;
+        let rounds = (end - round).min(left / active);
+        round += rounds;
+        left -= rounds * active;
+        if round < end {
+            break;
+        }
+    }
+    for (t, &len) in taken.iter_mut().zip(lens) {
+        *t = round.min(len);
+    }
+    // Then the part of the next round: the first lists with an item left, in order.
+    for (t, &len) in taken.iter_mut().zip(lens) {
+        if left == 0 {
+            break;
+        }
+        if len > round {
+            *t += 1;
+            left -= 1;
+        }
+    }
+    taken
 }
 
 /// What one stream serves: one shard's batches of one epoch.
@@ -710,6 +790,7 @@ mod sharding_tests {
                         partitions,
                         granule: 7,
                         swap_per_mille: swap,
+                        resumed: None,
                     }),
                     ..plan(n, 16, rank, world, 0, 1)
                 })
@@ -722,6 +803,88 @@ mod sharding_tests {
                 (rank, mine, p.num_batches)
             })
             .collect()
+    }
+
+    /// The samples (less padding) every rank of `nodes` nodes of 2 ranks serves, taking steps
+    /// `steps` (all: None) of the epoch from `start_sample`, resumed from `resumed`; and the
+    /// `start_sample` that resumes after them (every rank's last batch's `resume_sample`).
+    fn part_of_epoch(
+        n: u64,
+        nodes: u32,
+        start_sample: u64,
+        resumed: Option<(u32, u64)>,
+        steps: Option<u64>,
+    ) -> (Vec<u64>, u64) {
+        let (local, mut seen, mut next) = (2, vec![], None);
+        for rank in 0..nodes * local {
+            let p = Plan::new(PlanRequest {
+                rank,
+                start_sample,
+                split: Some(NodeSplit {
+                    nodes,
+                    node: rank / local,
+                    partitions: 24,
+                    granule: 7,
+                    swap_per_mille: 100,
+                    resumed,
+                }),
+                ..plan(n, 16, rank, nodes * local, 0, 1)
+            })
+            .unwrap();
+            let upto = steps.map_or(p.num_batches, |t| t.min(p.num_batches));
+            for b in 0..upto {
+                let batch = p.batch(b);
+                seen.extend(&batch[..batch.len() - p.padding(b) as usize]);
+            }
+            if upto > 0 {
+                let at = p.resume_sample(upto - 1);
+                assert!(
+                    next.is_none_or(|x| x == at),
+                    "ranks agree on where to resume"
+                );
+                next = Some(at);
+            }
+        }
+        (seen, next.unwrap_or(start_sample))
+    }
+
+    #[test]
+    fn an_epoch_begun_on_some_nodes_ends_on_others_every_sample_once() {
+        let n = 1003;
+        for (before, after) in [(4, 2), (2, 4), (4, 1), (1, 3), (3, 4), (2, 2)] {
+            for steps in [0, 1, 5, 9] {
+                let (mut seen, used) = part_of_epoch(n, before, 0, None, Some(steps));
+                // Resumed on `after` nodes: two steps, then (another restart on the same
+                // nodes, from the position they reached) the rest of the epoch.
+                let resumed = Some((before, used));
+                let (more, at) = part_of_epoch(n, after, 0, resumed, Some(2));
+                seen.extend(more);
+                let (rest, _) = part_of_epoch(n, after, at, resumed, None);
+                seen.extend(rest);
+                seen.sort();
+                assert_eq!(
+                    seen,
+                    (0..n).collect::<Vec<_>>(),
+                    "{steps} steps on {before} nodes, the rest on {after}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn taking_lists_in_turn_counts_each_lists_share() {
+        assert_eq!(taken_in_turn(&[3, 1, 2], 0), vec![0, 0, 0]);
+        assert_eq!(taken_in_turn(&[3, 1, 2], 2), vec![1, 1, 0]);
+        assert_eq!(taken_in_turn(&[3, 1, 2], 4), vec![2, 1, 1]);
+        assert_eq!(taken_in_turn(&[3, 1, 2], 5), vec![2, 1, 2]);
+        assert_eq!(taken_in_turn(&[3, 1, 2], 6), vec![3, 1, 2]);
+        assert_eq!(
+            taken_in_turn(&[3, 1, 2], 60),
+            vec![3, 1, 2],
+            "padding past the end"
+        );
+        assert_eq!(taken_in_turn(&[2, 2, 0, 2], 5), vec![2, 2, 0, 1]);
+        assert_eq!(taken_in_turn(&[], 5), Vec::<u64>::new());
     }
 
     #[test]
@@ -756,6 +919,7 @@ mod sharding_tests {
                 partitions: 8,
                 granule: 7,
                 swap_per_mille: swap,
+                resumed: None,
             };
             node_order(n, 5, epoch, true, &split)
                 .0
@@ -785,6 +949,7 @@ mod sharding_tests {
                     partitions: 8,
                     granule: 7,
                     swap_per_mille: 100,
+                    resumed: None,
                 };
                 node_order(n, 5, 3, true, &split).0
             })
@@ -808,6 +973,7 @@ mod sharding_tests {
                     partitions: 8,
                     granule: 7,
                     swap_per_mille: 0,
+                    resumed: None,
                 },
             );
             order
@@ -845,6 +1011,7 @@ mod sharding_tests {
                 partitions: parts,
                 granule: 7,
                 swap_per_mille: 0,
+                resumed: None,
             };
             let dealt = dealt(n, 9, 3, true, &split);
             let members: std::collections::HashSet<u64> = dealt[c as usize]
@@ -880,6 +1047,7 @@ mod sharding_tests {
             partitions,
             granule: 1,
             swap_per_mille: 0,
+            resumed: None,
         };
         assert!(err(s(3, 0, 64), 0, 3).contains("multiple of nodes"));
         assert!(err(s(1, 0, 4_000_000_000), 0, 1).contains("at most 65536"));

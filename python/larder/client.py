@@ -218,7 +218,7 @@ class Client:
         `num_workers`). `shard`: seed=0, epoch=0, rank=0, world_size=1, worker=0,
         num_workers=1, shuffle=True, drop_last=False, even_batches=True, start_sample=0,
         start_step=0, start_batch=0, fields=None, variable_layout="padded", pipeline="eval",
-        nodes=0, node=0, partitions=0, swap=0.0.
+        nodes=0, node=0, partitions=0, swap=0.0, resumed_nodes=0, resumed_sample=0.
 
         The daemon holds the sharding rule: the epoch's order, from `start_sample` on, is cut
         into batches taken in rounds, one per rank, round t being every rank's step t; a rank's
@@ -243,7 +243,10 @@ class Client:
         daemon's cache keeps serving it; every sample still comes once an epoch over all the
         nodes' ranks, numbered node by node. `swap` (0 to 1): the share of the granules that
         change partition each epoch (a node's part moves by about that much). `start_sample`
-        is then a position in the node's part (resume on the same number of nodes).
+        is then a position in the node's part. An epoch begun on another number of nodes goes
+        on with `resumed_nodes` (those nodes) and `resumed_sample` (the `resume_sample` they
+        reached): each node reads what is left of its partitions, every sample of the epoch
+        still once, and `start_sample` counts from there (`partitions` a multiple of both).
 
         `fields` picks and orders the fields served (default: all). Fields whose shape varies
         by sample come padded, with lengths (`variable_layout="padded"`), or as values plus

@@ -31,6 +31,8 @@ def stream_request(
     node: int = 0,
     partitions: int = 0,
     swap: float = 0.0,
+    resumed_nodes: int = 0,
+    resumed_sample: int = 0,
 ) -> "pb.StreamBatchesRequest":
     """The StreamBatches request for `Client.stream`'s arguments, checked here so that bad ones fail
     before any call (LarderIterableDataset checks them as it is made)."""
@@ -41,6 +43,8 @@ def stream_request(
         raise ValueError(f"pipeline must be 'train' or 'eval', not {pipeline!r}")
     if nodes and not 0 <= node < nodes:
         raise ValueError(f"node must be in 0..{nodes}, not {node}")
+    if resumed_nodes and not nodes:
+        raise ValueError("resumed_nodes names the nodes an epoch began on: give nodes too")
     if not 0.0 <= swap <= 1.0:
         raise ValueError(f"swap must be a share from 0 to 1, not {swap}")
     return pb.StreamBatchesRequest(
@@ -66,4 +70,6 @@ def stream_request(
         node=node,
         partitions=partitions,
         swap=swap,
+        resumed_nodes=resumed_nodes,
+        resumed_sample=resumed_sample,
     )

@@ -118,3 +118,46 @@ def test_the_torch_dataset_reads_its_nodes_part(tmp_path):
     finally:
         for d in daemons:
             d.stop()
+
+
+def test_a_job_resumed_on_fewer_nodes_reads_the_rest_of_the_epoch_once(tmp_path):
+    """A job of 4 nodes (2 ranks each) checkpoints after 3 steps and resumes on 2 nodes (then
+    on the same 2 again, mid-epoch): every sample of the epoch once over the three runs, through
+    LarderIterableDataset's state_dict / load_state_dict (one daemon serves every node here:
+    the node is a request's, the cache a daemon's)."""
+    pytest = __import__("pytest")
+    pytest.importorskip("torch")
+    from larder.torch import LarderIterableDataset
+
+    make_h5(tmp_path / "d.h5")
+    d = Daemon(tmp_path, f'[[dataset]]\nname = "d"\npath = "{tmp_path / "d.h5"}"\nlabels = "labels"\n')
+    try:
+        def run(nodes, state, steps):
+            """Each rank of `nodes` nodes of 2 ranks from `state`, `steps` steps (None: to the
+            epoch's end); the samples served and the state every rank agrees on."""
+            seen, states = [], []
+            for rank in range(2 * nodes):
+                ds = LarderIterableDataset("d", 50, address=d.unix, seed=5, rank=rank, world_size=2 * nodes,
+                                           nodes=nodes, partitions=8, valid=True)
+                if state is not None:
+                    ds.load_state_dict(state)
+                for k, (_, labels, valid) in enumerate(ds):
+                    seen.extend(int(i) for i in labels[valid])
+                    if steps is not None and k + 1 == steps:
+                        break
+                states.append(ds.state_dict())
+            assert all(s == states[0] for s in states), states
+            return seen, states[0]
+
+        seen, state = run(4, None, 3)
+        assert state["nodes"] == 4 and state["sample"] == 3 * 2 * 50, state
+        more, state = run(2, state, 2)
+        assert state["resumed"] == [4, 300] and state["sample"] == 2 * 2 * 50, state
+        rest, end = run(2, state, None)
+        seen = sorted(seen + more + rest)
+        assert seen == list(range(N)), "every sample of the epoch once"
+        assert end["epoch"] == 1 and end["sample"] == 0, end
+        with pytest.raises(ValueError, match="once"):
+            run(1, state, 1)  # a second change of nodes within the epoch
+    finally:
+        d.stop()

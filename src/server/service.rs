@@ -460,6 +460,8 @@ impl Service {
                 },
                 granule: ds.source.read_granule(),
                 swap_per_mille: (req.swap.clamp(0.0, 1.0) * 1000.0).round() as u32,
+                resumed: (req.resumed_nodes > 0 && req.resumed_nodes != req.nodes)
+                    .then_some((req.resumed_nodes, req.resumed_sample)),
             }),
         })
         .map_err(|e| bad_request(format!("{e:#}")))?;

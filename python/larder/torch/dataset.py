@@ -138,6 +138,8 @@ class LarderIterableDataset(IterableDataset):
         # Where this copy's iteration stands: epoch, the start_sample and start_step it began
         # from, batches it has yielded, and the resume_sample of the last one.
         self._position: Optional[dict] = None
+        # A state loaded from another number of nodes, for the epoch it stood in (see `_split`).
+        self._nodes_state: Optional[dict] = None
         # A state loaded in a DataLoader worker, for that worker's next iteration.
         self._restored: Optional[dict] = None
         # The connection of the process iterating this copy, kept across epochs (with its
@@ -197,6 +199,7 @@ class LarderIterableDataset(IterableDataset):
         else:
             self._clock.set(state["epoch"], state["sample"], 0)
         self._position = dict(state)
+        self._nodes_state = dict(state)
 
     def _resolve_ddp(self) -> Tuple[int, int]:
         """(rank, world size) as they are now: given, or torch.distributed's (a forked worker
@@ -249,6 +252,31 @@ class LarderIterableDataset(IterableDataset):
                          swap=self.swap)
         return shard
 
+    def _split(self, shard: dict, epoch: int, start_sample: int, in_worker: bool) -> Tuple[dict, int, dict]:
+        """The epoch's node bookkeeping: the nodes it runs on and, when it began on others, those
+        nodes and the position they reached (the daemon gives each node what is left of its
+        partitions). Returns the shard with it, the start sample, and what a state records."""
+        nodes = shard.get("nodes", 0)
+        resumed = None
+        state, self._nodes_state = self._nodes_state, None
+        if state is not None and state.get("epoch") == epoch and state.get("sample", 0) > 0:
+            before, earlier = state.get("nodes", 0), state.get("resumed")
+            if before == nodes:
+                resumed = earlier
+            elif in_worker:
+                raise ValueError(f"this epoch ran on {before or 'one'} node(s) and goes on on {nodes or 'one'}: "
+                                 "DataLoader workers resume with the same setup (iterate in the training process)")
+            elif earlier is not None or not before or not nodes:
+                raise ValueError(
+                    f"this epoch ran on {before or 'one'} node(s) and goes on on {nodes or 'one'}: a job "
+                    "changes its number of nodes mid-epoch once, between two node-aware setups "
+                    "(nodes > 1 on both sides); resume at the epoch's end instead")
+            else:
+                resumed, start_sample = [before, state["sample"]], 0
+        if resumed:
+            shard = {**shard, "resumed_nodes": resumed[0], "resumed_sample": resumed[1]}
+        return shard, start_sample, {"nodes": nodes, "resumed": resumed}
+
     def _node(self, rank: int, world: int) -> int:
         """This rank's node: given, or torchrun's GROUP_RANK, or Slurm's SLURM_NODEID, or its
         place when ranks are numbered node by node."""
@@ -275,7 +303,8 @@ class LarderIterableDataset(IterableDataset):
         else:
             epoch, start_sample, start_step = self._clock.next(worker)
             start_batch = 0
-        at = self._position = position(epoch, start_sample, start_step, start_batch)
+        shard, start_sample, nodes = self._split(self._shard(rank, world), epoch, start_sample, restored is not None)
+        at = self._position = {**position(epoch, start_sample, start_step, start_batch), **nodes}
         client = self._connection()
         for batch in client.stream(
             self.dataset,
@@ -289,7 +318,7 @@ class LarderIterableDataset(IterableDataset):
             transport=self.transport,
             prefetch=self.prefetch,
             pin_memory=self.pin_memory,
-            **self._shard(rank, world),
+            **shard,
         ):
             out = batch.torch(self.fields)
             device = self._device()
