@@ -68,6 +68,9 @@ pub struct Metrics {
     /// stream's ring had no free slot large enough.
     shm_batches: AtomicU64,
     shm_fallbacks: AtomicU64,
+    /// Samples read ahead into the scratch tier for a node's next epoch, and the raw bytes read.
+    prefetched: AtomicU64,
+    prefetched_bytes: AtomicU64,
     /// Batches by how long they kept their stream's sender waiting (`WAIT_BOUNDS`, then
     /// longer), and the sum of those waits.
     waits: [AtomicU64; WAIT_BOUNDS.len() + 1],
@@ -92,6 +95,8 @@ impl Default for Metrics {
             machine_available: AtomicU64::new(0),
             shm_batches: AtomicU64::new(0),
             shm_fallbacks: AtomicU64::new(0),
+            prefetched: AtomicU64::new(0),
+            prefetched_bytes: AtomicU64::new(0),
             waits: Default::default(),
             wait_sum_nanos: AtomicU64::new(0),
         }
@@ -120,6 +125,12 @@ impl Metrics {
             .unwrap_or(WAIT_BOUNDS.len());
         self.waits[bucket].fetch_add(1, Relaxed);
         self.wait_sum_nanos.fetch_add(d.as_nanos() as u64, Relaxed);
+    }
+
+    /// `samples` read ahead for a node's next epoch, `bytes` of raw storage read for them.
+    pub fn record_prefetch(&self, samples: u64, bytes: u64) {
+        self.prefetched.fetch_add(samples, Relaxed);
+        self.prefetched_bytes.fetch_add(bytes, Relaxed);
     }
 
     pub fn record_batch(&self, samples: u64, bytes: u64) {
@@ -176,6 +187,8 @@ impl Metrics {
             machine_available_bytes: self.machine_available.load(Relaxed),
             shm_batches: self.shm_batches.load(Relaxed),
             shm_fallbacks: self.shm_fallbacks.load(Relaxed),
+            prefetched_samples: self.prefetched.load(Relaxed),
+            prefetched_raw_bytes: self.prefetched_bytes.load(Relaxed),
             batch_wait_bounds: WAIT_BOUNDS.to_vec(),
             batch_wait_counts: self
                 .waits

@@ -7,6 +7,7 @@
 use crate::catalog::Dataset;
 use crate::error::{Error, Kind};
 use crate::metrics::{Metrics, Tier};
+use crate::sampler::{node_order, NodeSplit};
 use crate::tiers::eviction::Key;
 use crate::tiers::memory::{MemorySnapshot, MemoryTier};
 use crate::tiers::scratch::{ScratchSnapshot, ScratchSpace, ScratchTier};
@@ -16,7 +17,7 @@ use anyhow::{anyhow, Context, Result};
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::StreamExt;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
@@ -39,7 +40,23 @@ pub struct Store {
     granule_locks: Arc<[Mutex<()>]>,
     /// Every lookup, when a benchmark asked for it (`LARDER_TRACE`).
     trace: std::sync::OnceLock<Trace>,
+    /// The next epochs of nodes' parts being read ahead, or read (`prefetch_next_epoch`).
+    prefetches: Mutex<HashSet<Prefetch>>,
 }
+
+/// A node's part of one epoch of a dataset, as read ahead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Prefetch {
+    dataset: u32,
+    split: NodeSplit,
+    seed: u64,
+    epoch: u64,
+    shuffle: bool,
+}
+
+/// Parts remembered as read ahead; past this many the oldest are forgotten (a part read again
+/// finds its samples in the scratch tier and reads nothing).
+const PREFETCHES_KEPT: usize = 256;
 
 const GRANULE_LOCKS: usize = 64;
 
@@ -62,6 +79,7 @@ impl Store {
             workers: Arc::new(Workers::new(workers).context("starting the preprocessing threads")?),
             granule_locks: (0..GRANULE_LOCKS).map(|_| Mutex::new(())).collect(),
             trace: std::sync::OnceLock::new(),
+            prefetches: Mutex::new(HashSet::new()),
         }))
     }
 
@@ -306,11 +324,11 @@ impl Store {
             })
             .buffer_unordered(self.workers.threads());
         while let Some(chunk) = chunks.next().await {
-            let (written, present, bad, count) = chunk?;
-            state.written += written;
-            state.present += present;
-            state.bad += bad;
-            state.done += count;
+            let chunk = chunk?;
+            state.written += chunk.written;
+            state.present += chunk.present;
+            state.bad += chunk.bad;
+            state.done += chunk.count;
             if progress.send(state).await.is_err() {
                 anyhow::bail!(
                     "warming {:?} cancelled after {} of {total} samples",
@@ -320,6 +338,87 @@ impl Store {
             }
         }
         Ok(state)
+    }
+}
+
+impl Store {
+    /// Reads node `split.node`'s part of the epoch after `epoch` into the scratch tier ahead of
+    /// need, while the current one streams: that part is known (a pure function of the seed,
+    /// the epoch and the split), and with `swap` a share of it is new each epoch. The granules
+    /// new to the part (the current epoch's streams read the others) and not wholly in the
+    /// scratch tier are read in order, one at a time on the pool (the
+    /// streams' own reads are never queued behind more than one), and offered to the memory
+    /// tier as a warm's are. Once per part and epoch, whichever of the node's ranks opens a
+    /// stream first; stops when the scratch tier stops taking samples. Without a scratch tier
+    /// nothing is read: the memory tier holds what the open streams read soonest, and the
+    /// next epoch is no open stream's yet.
+    pub fn prefetch_next_epoch(
+        self: &Arc<Self>,
+        ds: &Arc<Dataset>,
+        split: NodeSplit,
+        seed: u64,
+        epoch: u64,
+        shuffle: bool,
+    ) {
+        let Some(scratch) = self.scratch_of(ds) else {
+            return;
+        };
+        let part = Prefetch {
+            dataset: ds.id,
+            split: NodeSplit {
+                resumed: None,
+                ..split
+            },
+            seed,
+            epoch: epoch + 1,
+            shuffle,
+        };
+        {
+            let mut started = self.prefetches.lock().unwrap_or_else(|e| e.into_inner());
+            if started.len() >= PREFETCHES_KEPT {
+                started.clear();
+            }
+            if !started.insert(part) {
+                return;
+            }
+        }
+        let (store, ds) = (self.clone(), ds.clone());
+        tokio::spawn(async move {
+            let n = ds.len();
+            let g = part.split.granule.max(1);
+            let granules_of = |epoch| {
+                let (order, _) = node_order(n, part.seed, epoch, part.shuffle, &part.split);
+                let mut granules: Vec<u64> = order.iter().map(|&i| i / g).collect();
+                granules.sort_unstable();
+                granules.dedup();
+                granules
+            };
+            // The granules new to the node's part: the current epoch's streams read the rest.
+            let now = granules_of(part.epoch - 1);
+            let new = granules_of(part.epoch)
+                .into_iter()
+                .filter(|k| now.binary_search(k).is_err());
+            for k in new {
+                let (start, count) = (k * g, g.min(n - k * g));
+                if (start..start + count).all(|i| scratch.contains(i)) {
+                    continue;
+                }
+                let (ds2, scratch2, memory) = (ds.clone(), scratch.clone(), store.memory.clone());
+                let read = store
+                    .workers
+                    .run(move || warm_chunk(&ds2, &scratch2, &memory, start, count))
+                    .await;
+                match read.and_then(|r| r) {
+                    Ok(chunk) => store
+                        .metrics
+                        .record_prefetch(chunk.written, chunk.raw_bytes),
+                    Err(e) => {
+                        tracing::info!(dataset = %ds.name, epoch = part.epoch, "read-ahead of the node's next epoch stopped: {e:#}");
+                        break;
+                    }
+                }
+            }
+        });
     }
 }
 
@@ -347,7 +446,17 @@ pub struct WarmProgress {
     pub bad: u64,
 }
 
-/// Warms samples `start..start + count`: (written, already present, bad, count). What it
+/// What warming a run of samples did.
+struct Chunk {
+    written: u64,
+    present: u64,
+    bad: u64,
+    count: u64,
+    /// Bytes read from raw storage.
+    raw_bytes: u64,
+}
+
+/// Warms samples `start..start + count`. What it
 /// preprocesses is offered to the memory tier too, whose policy keeps what it would have kept
 /// had a stream read it (with no stream open, the most recent; with streams on the dataset,
 /// what they read soonest), so the first epoch after a warm starts with the memory tier primed.
@@ -357,26 +466,42 @@ fn warm_chunk(
     memory: &MemoryTier,
     start: u64,
     count: u64,
-) -> Result<(u64, u64, u64, u64)> {
+) -> Result<Chunk> {
     let missing: Vec<u64> = (start..start + count)
         .filter(|&i| !scratch.contains(i))
         .collect();
     if missing.is_empty() {
-        return Ok((0, count, 0, count));
+        return Ok(Chunk {
+            written: 0,
+            present: count,
+            bad: 0,
+            count,
+            raw_bytes: 0,
+        });
     }
     // One range read beats many single reads when most of the range is needed; a range with a
     // file that does not read is read sample by sample, to find which.
     let range = (missing.len() as u64 * 2 > count)
         .then(|| ds.load_range(start, count).ok())
         .flatten();
+    let mut raw_bytes = 0;
     let prepared: Vec<(u64, Result<Vec<u8>>)> = match range {
-        Some((all, _)) => (start..start + count)
-            .zip(all)
-            .filter(|(i, _)| missing.binary_search(i).is_ok())
-            .collect(),
+        Some((all, bytes)) => {
+            raw_bytes = bytes;
+            (start..start + count)
+                .zip(all)
+                .filter(|(i, _)| missing.binary_search(i).is_ok())
+                .collect()
+        }
         None => missing
             .iter()
-            .map(|&i| (i, ds.load(i).map(|(d, _)| d)))
+            .map(|&i| {
+                let loaded = ds.load(i).map(|(d, bytes)| {
+                    raw_bytes += bytes;
+                    d
+                });
+                (i, loaded)
+            })
             .collect(),
     };
     let (mut written, mut bad) = (0, 0);
@@ -404,7 +529,13 @@ fn warm_chunk(
         }
         written += 1;
     }
-    Ok((written, count - written - bad, bad, count))
+    Ok(Chunk {
+        written,
+        present: count - written - bad,
+        bad,
+        count,
+        raw_bytes,
+    })
 }
 
 /// The sample from the scratch tier, or else from raw storage, preprocessed and written to the

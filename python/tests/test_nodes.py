@@ -161,3 +161,65 @@ def test_a_job_resumed_on_fewer_nodes_reads_the_rest_of_the_epoch_once(tmp_path)
             run(1, state, 1)  # a second change of nodes within the epoch
     finally:
         d.stop()
+
+
+def test_each_node_reads_its_next_epoch_ahead_into_the_scratch_tier(tmp_path):
+    """With `swap`, a share of a node's part is new each epoch. Each daemon reads its node's
+    next part into its scratch tier while the current epoch streams, so from the second epoch
+    on nothing is served from raw storage; what it reads ahead over all nodes is about the
+    swapped share of the dataset."""
+    import time
+
+    make_h5(tmp_path / "d.h5")
+    nodes, swap = 2, 0.25
+    daemons = []
+    try:
+        for k in range(nodes):
+            (tmp_path / f"n{k}").mkdir()
+            daemons.append(Daemon(tmp_path / f"n{k}", f'[[dataset]]\nname = "d"\npath = "{tmp_path / "d.h5"}"\nlabels = "labels"\n',
+                                  budget_bytes=2_000_000))
+        clients = [larder.Client(d.unix) for d in daemons]
+
+        def settled():
+            """Each daemon's read-ahead counters, once they stop moving."""
+            last = None
+            for _ in range(100):
+                now = [(s.prefetched_samples, s.prefetched_raw_bytes) for s in (c.stats() for c in clients)]
+                if now == last:
+                    return now
+                last = now
+                time.sleep(0.3)
+            raise AssertionError(f"read-ahead still moving: {now}")
+
+        raw_served, ahead = [], []
+        for epoch in range(4):
+            before = [{t.tier: t.hits for t in c.stats().tiers} for c in clients]
+            ahead_before = settled()
+            seen = []
+            for node, c in enumerate(clients):
+                for b in c.stream("d", 50, seed=3, epoch=epoch, rank=node, world_size=nodes, nodes=nodes, node=node,
+                                  partitions=8, swap=swap, transport="bytes"):
+                    seen.extend(int(i) for i in b.sample_ids[: len(b.sample_ids) - b.padding])
+            assert sorted(seen) == list(range(N)), f"epoch {epoch}: every sample once"
+            after = [{t.tier: t.hits for t in c.stats().tiers} for c in clients]
+            raw_served.append([a["raw"] - b0["raw"] for a, b0 in zip(after, before)])
+            now = settled()
+            ahead.append([(n[0] - b0[0], n[1] - b0[1]) for n, b0 in zip(now, ahead_before)])
+        for c in clients:
+            c.close()
+    finally:
+        for d in daemons:
+            d.stop()
+    print("served from raw storage per epoch and node:", raw_served)
+    print("read ahead per epoch and node (samples, raw bytes):", ahead)
+    # The first epoch is cold: each granule (an HDF5 chunk of 10 rows) read from raw storage
+    # once, its other samples then served from the scratch tier.
+    assert sum(raw_served[0]) == N // 10, raw_served[0]
+    for epoch in range(1, 4):
+        assert raw_served[epoch] == [0] * nodes, f"epoch {epoch}: served from raw storage {raw_served[epoch]}"
+    record = 3 * 32 * 32
+    for epoch in range(3):  # epoch e's streams read epoch e + 1's new granules ahead
+        samples = sum(s for s, _ in ahead[epoch])
+        raw = sum(b for _, b in ahead[epoch])
+        assert 0 < samples <= (swap + 0.05) * N, (epoch, ahead[epoch])
+        assert raw <= (swap + 0.05) * N * record, (epoch, ahead[epoch])

@@ -800,6 +800,10 @@ impl Larder for Service {
             rank = req.rank, world_size = req.world_size, start_batch = req.start_batch,
             batches = plan.num_batches, shm = ring.is_some(), "stream opened"
         );
+        if let Some(split) = plan.split {
+            self.store
+                .prefetch_next_epoch(&ds, split, req.seed, req.epoch, !req.sequential);
+        }
         let plan = Arc::new(plan);
         let handle = self.streams.open(StreamSpec {
             peer,
