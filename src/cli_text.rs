@@ -55,6 +55,13 @@ pub fn format_stats(s: &crate::proto::Stats) -> String {
             format!("; NOT WRITING: {}", s.scratch_paused)
         }
     );
+    if s.prefetched_samples > 0 {
+        let _ = writeln!(
+            out,
+            "read ahead for nodes' next epochs: {} samples, {} raw bytes",
+            s.prefetched_samples, s.prefetched_raw_bytes
+        );
+    }
     let _ = writeln!(
         out,
         "served: {} batches, {} samples, {} bytes; {} open streams; {} fetches shared between clients; {} bad samples skipped (larder bad)",
