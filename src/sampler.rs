@@ -347,11 +347,11 @@ impl Plan {
         }
         // The order the ranks share out: the epoch's, or the node's part of it (the samples
         // it holds, `real`, padded to the longest node's part, `n`); the ranks of the node.
-        let (order, real, n, world, rank) = match &req.split {
+        let (order, pad, real, n, world, rank) = match &req.split {
             None => {
                 let n = req.num_samples;
                 let order = epoch_order(n, req.seed, req.epoch, req.shuffle);
-                (order, n, n, world, req.rank as u64)
+                (order, vec![], n, n, world, req.rank as u64)
             }
             Some(split) => {
                 split.check()?;
@@ -371,7 +371,19 @@ impl Plan {
                 let (order, n) =
                     node_order(req.num_samples, req.seed, req.epoch, req.shuffle, split);
                 let real = order.len() as u64;
-                if real == 0 && n > 0 {
+                // A node of an epoch resumed here whose part was wholly consumed before takes
+                // the same steps as the others, all of them padding from its part.
+                let pad = match split.resumed {
+                    Some(_) if real == 0 && n > 0 => {
+                        let whole = NodeSplit {
+                            resumed: None,
+                            ..*split
+                        };
+                        node_order(req.num_samples, req.seed, req.epoch, req.shuffle, &whole).0
+                    }
+                    _ => vec![],
+                };
+                if real == 0 && n > 0 && pad.is_empty() {
                     bail!(
                         "node {} of {nodes} holds none of the dataset's {} granules of {} samples: too few granules for every node to hold some (use fewer nodes, or a dataset of smaller granules, such as smaller HDF5 chunks)",
                         split.node,
@@ -379,7 +391,7 @@ impl Plan {
                         split.granule
                     );
                 }
-                (order, real, n, local, req.rank as u64 % local)
+                (order, pad, real, n, local, req.rank as u64 % local)
             }
         };
         if req.start_sample > n {
@@ -398,8 +410,12 @@ impl Plan {
         let mut bounds = vec![0];
         let mut steps = vec![];
         let mut padding = vec![];
-        // Position p of the order, wrapping to its start for padding.
-        let at = |p: u64| order[(p % real.max(1)) as usize];
+        // Position p of the order, wrapping to its start for padding (to `pad`'s when the
+        // order is empty).
+        let at = |p: u64| match real {
+            0 => pad[(p % pad.len() as u64) as usize],
+            _ => order[(p % real) as usize],
+        };
         let mut push = |step: u64, from: u64, len: u64| {
             if step >= req.start_step && (step - req.start_step) % workers == worker && len > 0 {
                 samples.extend((from..from + len).map(at));
@@ -810,6 +826,7 @@ mod sharding_tests {
     /// `start_sample` that resumes after them (every rank's last batch's `resume_sample`).
     fn part_of_epoch(
         n: u64,
+        (granule, partitions): (u64, u32),
         nodes: u32,
         start_sample: u64,
         resumed: Option<(u32, u64)>,
@@ -823,8 +840,8 @@ mod sharding_tests {
                 split: Some(NodeSplit {
                     nodes,
                     node: rank / local,
-                    partitions: 24,
-                    granule: 7,
+                    partitions,
+                    granule,
                     swap_per_mille: 100,
                     resumed,
                 }),
@@ -851,22 +868,30 @@ mod sharding_tests {
     #[test]
     fn an_epoch_begun_on_some_nodes_ends_on_others_every_sample_once() {
         let n = 1003;
-        for (before, after) in [(4, 2), (2, 4), (4, 1), (1, 3), (3, 4), (2, 2)] {
-            for steps in [0, 1, 5, 9] {
-                let (mut seen, used) = part_of_epoch(n, before, 0, None, Some(steps));
-                // Resumed on `after` nodes: two steps, then (another restart on the same
-                // nodes, from the position they reached) the rest of the epoch.
-                let resumed = Some((before, used));
-                let (more, at) = part_of_epoch(n, after, 0, resumed, Some(2));
-                seen.extend(more);
-                let (rest, _) = part_of_epoch(n, after, at, resumed, None);
-                seen.extend(rest);
-                seen.sort();
-                assert_eq!(
-                    seen,
-                    (0..n).collect::<Vec<_>>(),
-                    "{steps} steps on {before} nodes, the rest on {after}"
-                );
+        // Small granules (parts nearly equal), and large ones (parts a granule apart, so a
+        // checkpoint late in the epoch finds some old nodes done and others not, and some new
+        // nodes with nothing left).
+        for (shape, steps_tried) in [((7u64, 24u32), 0..10), ((100, 12), 0..20)] {
+            for (before, after) in [(4, 2), (2, 4), (4, 1), (1, 3), (3, 4), (2, 2), (6, 4)] {
+                if !shape.1.is_multiple_of(before) || !shape.1.is_multiple_of(after) {
+                    continue;
+                }
+                for steps in steps_tried.clone() {
+                    let (mut seen, used) = part_of_epoch(n, shape, before, 0, None, Some(steps));
+                    // Resumed on `after` nodes: two steps, then (another restart on the same
+                    // nodes, from the position they reached) the rest of the epoch.
+                    let resumed = Some((before, used));
+                    let (more, at) = part_of_epoch(n, shape, after, 0, resumed, Some(2));
+                    seen.extend(more);
+                    let (rest, _) = part_of_epoch(n, shape, after, at, resumed, None);
+                    seen.extend(rest);
+                    seen.sort();
+                    assert_eq!(
+                        seen,
+                        (0..n).collect::<Vec<_>>(),
+                        "granules {shape:?}: {steps} steps on {before} nodes, the rest on {after}"
+                    );
+                }
             }
         }
     }

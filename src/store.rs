@@ -42,6 +42,8 @@ pub struct Store {
     trace: std::sync::OnceLock<Trace>,
     /// The next epochs of nodes' parts being read ahead, or read (`prefetch_next_epoch`).
     prefetches: Mutex<HashSet<Prefetch>>,
+    /// Held by the read-ahead running now.
+    prefetch_turn: tokio::sync::Semaphore,
 }
 
 /// A node's part of one epoch of a dataset, as read ahead.
@@ -80,6 +82,7 @@ impl Store {
             granule_locks: (0..GRANULE_LOCKS).map(|_| Mutex::new(())).collect(),
             trace: std::sync::OnceLock::new(),
             prefetches: Mutex::new(HashSet::new()),
+            prefetch_turn: tokio::sync::Semaphore::new(1),
         }))
     }
 
@@ -370,7 +373,7 @@ impl Store {
                 ..split
             },
             seed,
-            epoch: epoch + 1,
+            epoch: epoch.wrapping_add(1),
             shuffle,
         };
         {
@@ -384,29 +387,39 @@ impl Store {
         }
         let (store, ds) = (self.clone(), ds.clone());
         tokio::spawn(async move {
-            let n = ds.len();
-            let g = part.split.granule.max(1);
-            let granules_of = |epoch| {
-                let (order, _) = node_order(n, part.seed, epoch, part.shuffle, &part.split);
-                let mut granules: Vec<u64> = order.iter().map(|&i| i / g).collect();
-                granules.sort_unstable();
-                granules.dedup();
-                granules
+            // One read-ahead at a time, whatever the jobs: the streams' own reads are never
+            // queued behind more than one granule of it.
+            let Ok(_turn) = store.prefetch_turn.acquire().await else {
+                return;
             };
-            // The granules new to the node's part: the current epoch's streams read the rest.
-            let now = granules_of(part.epoch - 1);
-            let new = granules_of(part.epoch)
-                .into_iter()
-                .filter(|k| now.binary_search(k).is_err());
+            let ds2 = ds.clone();
+            let Ok(new) = store.workers.run(move || new_granules(&ds2, &part)).await else {
+                return;
+            };
+            let (n, g) = (ds.len(), part.split.granule.max(1));
             for k in new {
+                // Stop once the dataset's scratch tier is retired or replaced (its dataset
+                // removed or changed).
+                if !store
+                    .scratch_of(&ds)
+                    .is_some_and(|s| Arc::ptr_eq(&s, &scratch))
+                {
+                    break;
+                }
                 let (start, count) = (k * g, g.min(n - k * g));
                 if (start..start + count).all(|i| scratch.contains(i)) {
                     continue;
                 }
-                let (ds2, scratch2, memory) = (ds.clone(), scratch.clone(), store.memory.clone());
+                let (ds2, scratch2) = (ds.clone(), scratch.clone());
+                let (memory, locks) = (store.memory.clone(), store.granule_locks.clone());
                 let read = store
                     .workers
-                    .run(move || warm_chunk(&ds2, &scratch2, &memory, start, count))
+                    .run(move || {
+                        // The granule's lock, as a stream reading it takes: one raw read.
+                        let stripe = (k + 7 * ds2.id as u64) as usize % locks.len();
+                        let _reading = locks[stripe].lock().unwrap_or_else(|e| e.into_inner());
+                        warm_chunk(&ds2, &scratch2, &memory, start, count)
+                    })
                     .await;
                 match read.and_then(|r| r) {
                     Ok(chunk) => store
@@ -420,6 +433,24 @@ impl Store {
             }
         });
     }
+}
+
+/// The granules new to a node's part in `part.epoch` (not in its part of the epoch before, which
+/// that epoch's streams read), in order.
+fn new_granules(ds: &Dataset, part: &Prefetch) -> Vec<u64> {
+    let (n, g) = (ds.len(), part.split.granule.max(1));
+    let granules_of = |epoch| {
+        let (order, _) = node_order(n, part.seed, epoch, part.shuffle, &part.split);
+        let mut granules: Vec<u64> = order.iter().map(|&i| i / g).collect();
+        granules.sort_unstable();
+        granules.dedup();
+        granules
+    };
+    let now = granules_of(part.epoch.wrapping_sub(1));
+    granules_of(part.epoch)
+        .into_iter()
+        .filter(|k| now.binary_search(k).is_err())
+        .collect()
 }
 
 /// Why `ds` cannot be warmed.

@@ -180,6 +180,9 @@ def _unregister(ptr: int) -> None:
     try:
         import torch
 
+        # Copies queued from the last slots freed may not have run yet (their events were
+        # pending with the ring): they finish before the memory stops being pinned and mapped.
+        torch.cuda.synchronize()
         torch.cuda.cudart().cudaHostUnregister(ptr)
     except Exception:  # CUDA already torn down at exit: the process's registrations go with it
         pass

@@ -22,10 +22,11 @@ pub struct OrderKey {
 }
 
 impl OrderKey {
-    /// The order of the epoch after this one.
+    /// The order of the epoch after this one (from its start, on the same nodes).
     pub fn next(&self) -> OrderKey {
         OrderKey {
             epoch: self.epoch.wrapping_add(1),
+            split: self.split.map(|s| NodeSplit { resumed: None, ..s }),
             ..*self
         }
     }

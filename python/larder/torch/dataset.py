@@ -259,10 +259,12 @@ class LarderIterableDataset(IterableDataset):
         nodes = shard.get("nodes", 0)
         resumed = None
         state, self._nodes_state = self._nodes_state, None
-        if state is not None and state.get("epoch") == epoch and state.get("sample", 0) > 0:
+        if state is not None and state.get("epoch") == epoch:
             before, earlier = state.get("nodes", 0), state.get("resumed")
             if before == nodes:
                 resumed = earlier
+            elif state.get("sample", 0) == 0 and earlier is None:
+                pass  # nothing of the epoch read yet: it starts afresh on these nodes
             elif in_worker:
                 raise ValueError(f"this epoch ran on {before or 'one'} node(s) and goes on on {nodes or 'one'}: "
                                  "DataLoader workers resume with the same setup (iterate in the training process)")
