@@ -415,6 +415,32 @@ mod tests {
     }
 
     #[test]
+    fn object_storage_urls_are_refused_with_the_reason() {
+        for url in ["s3://bucket/train", "gs://b/p", "https://host/data.h5"] {
+            let err = Config::parse(&format!(
+                "listen=\"a\"\n[[dataset]]\nname=\"d\"\npath=\"{url}\"\n"
+            ))
+            .unwrap_err();
+            assert!(
+                format!("{err:#}").contains("object storage"),
+                "{url}: {err:#}"
+            );
+            let err =
+                crate::user_datasets::parse_table("d", &format!("path = \"{url}\"")).unwrap_err();
+            assert!(
+                format!("{err:#}").contains("object storage"),
+                "{url}: {err:#}"
+            );
+        }
+        // A local path with "://" inside a folder's name is a path.
+        assert!(remote_scheme_of("/data/a://b").is_none());
+    }
+
+    fn remote_scheme_of(p: &str) -> Option<String> {
+        super::dataset::remote_scheme(std::path::Path::new(p)).map(str::to_string)
+    }
+
+    #[test]
     fn crop_pct_and_interpolation_as_timm_gives_them() {
         let base = "listen=\"a\"\n[[dataset]]\nname=\"i\"\nkind=\"images\"\npath=\"p\"\n";
         let c = Config::parse(&format!(
