@@ -422,8 +422,9 @@ class Client:
                     if retry_until is None:
                         retry_until = now + self.reconnect_timeout
                     if now >= retry_until:
+                        node = (request.node, request.nodes) if request.nodes > 1 else None
                         raise LarderError(
-                            unreachable(self.address, f"for {self.reconnect_timeout:g} s: {details}"),
+                            unreachable(self.address, f"for {self.reconnect_timeout:g} s: {details}", node),
                             code,
                         ) from None
                     log.warning("larderd stream interrupted (%s); resuming at batch %d", details, next_batch)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import socket
+from typing import Optional, Tuple
 
 import grpc
 
@@ -15,9 +16,14 @@ class LarderError(Exception):
         self.code = code
 
 
-def unreachable(address: str, details: str) -> str:
-    """What to say when no daemon answers at `address`, in words rather than gRPC's."""
+def unreachable(address: str, details: str, node: Optional[Tuple[int, int]] = None) -> str:
+    """What to say when no daemon answers at `address`, in words rather than gRPC's; `node`:
+    (node, nodes) of a job over several nodes, whose every node needs its own daemon."""
+    where = ""
+    if node is not None:
+        where = (f" This rank is on node {node[0]} of {node[1]} ({socket.gethostname()}): a job over "
+                 "several nodes needs a larderd on every node (docs/admin.md, \"Several nodes\").")
     return (
         f"no larder daemon at {address}: is larderd running? (systemctl status larderd; "
-        f"set LARDER_ADDR or address= for another address) [{details}]"
+        f"set LARDER_ADDR or address= for another address){where} [{details}]"
     )

@@ -121,6 +121,12 @@ def test_bad_requests_raise_clear_errors(daemon):
     with larder.Client("unix:/nonexistent.sock", reconnect_timeout=0.3) as c:
         with pytest.raises(larder.LarderError, match=r"no larder daemon at unix:/nonexistent.sock: is larderd running\?"):
             list(c.stream("train", 10))
+        # A rank of a job over several nodes is told which node has no daemon, and why it needs one.
+        import socket
+
+        with pytest.raises(larder.LarderError, match=rf"node 1 of 2 \({socket.gethostname()}\): a job over several "
+                                                     "nodes needs a larderd on every node"):
+            list(c.stream("train", 10, rank=1, world_size=2, nodes=2, node=1))
 
 
 @pytest.fixture
