@@ -22,6 +22,10 @@ Before and after the rounds (unless --no-pool), `cargo bench --bench pipeline` t
 daemon's preprocessing (decode + resize 256 + planes) of these very files, one after another on
 one thread (criterion): the pool of preprocessing threads at full use would do the CPUs this may
 run on (the daemon's default thread count) / that time, and the cold epoch is given as a share of it.
+With --simd DIR (a folder holding Pillow-SIMD: `CC="cc -mavx2" pip install --no-deps --target DIR
+pillow-simd`, which builds from source in about 30 s here), torchvision's eval recipe also runs
+with Pillow-SIMD in place of Pillow, in a child process whose `PIL` is DIR's (its DataLoader
+workers inherit it): an epoch to start the workers, then the timed one, each round.
 torchvision decodes every epoch, so its cold and warm epochs are alike. The machine's speed
 drifts (it is shared), so the setups take turns: each of --rounds rounds measures every row once
 (torchvision one epoch per recipe, larder a fresh daemon's cold epoch, then --epochs warm epochs
@@ -39,6 +43,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -130,7 +135,35 @@ class Larderd:
         self.proc.wait()
 
 
+EVAL_SIMD = "torchvision ImageFolder, eval recipe, Pillow-SIMD"
+
+
+def simd_epoch(folder: str, simd: str) -> None:
+    """The child of --simd: torchvision's eval recipe over `folder` with Pillow-SIMD (the PIL
+    in `simd`), an epoch to start the workers and then the timed one; prints its rate."""
+    import PIL
+
+    assert pathlib.Path(PIL.__file__).resolve().is_relative_to(pathlib.Path(simd).resolve()), PIL.__file__
+    tf = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.PILToTensor()])
+    loader = DataLoader(datasets.ImageFolder(folder, transform=tf), batch_size=BATCH, shuffle=True,
+                        num_workers=2, persistent_workers=True)
+    epoch_rate(loader)
+    print(f"rate {epoch_rate(loader)} PIL {PIL.__version__}", flush=True)
+
+
+def simd_rate(simd: str, folder: pathlib.Path) -> float:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([simd, str(REPO / "python"), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, __file__, "--simd-child", str(folder), simd], env=env, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    m = re.search(r"rate (\S+) PIL (\S+)", out.stdout)
+    assert m, out.stdout[-2000:]
+    return float(m.group(1))
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--simd-child":
+        return simd_epoch(sys.argv[2], sys.argv[3])
     p = argparse.ArgumentParser()
     p.add_argument("--larderd", default=os.environ.get("LARDERD_BIN", "target/release/larderd"))
     p.add_argument("--larder", default=str(REPO / "target" / "release" / "larder"))
@@ -139,6 +172,8 @@ def main():
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--no-pool", action="store_true",
                    help="skip timing the preprocessing of the files with criterion")
+    p.add_argument("--simd", default=None,
+                   help="a folder holding Pillow-SIMD (pip install --target): torchvision's eval recipe with it too")
     p.add_argument("--before", default=None,
                    help="another larderd binary (a build before a change): its cold epoch too, taking turns")
     results.add_options(p)
@@ -181,6 +216,8 @@ def main():
     for r in range(args.rounds):
         for name, loader in torchvision.items():
             add(name, epoch_rate(loader))
+        if args.simd:
+            add(EVAL_SIMD, simd_rate(args.simd, folder))
         if args.before and r % 2 == 0:
             cold_before(r)
         # Cold: one epoch through a fresh daemon, everything decoded on the way; then warm ones.
@@ -215,6 +252,7 @@ def main():
     spread = {name: (min(rates), max(rates)) for name, rates in rows.items()}
     rows = {name: float(np.median(rates)) for name, rates in rows.items()}
     order = ["torchvision ImageFolder, eval recipe", "torchvision ImageFolder, train recipe"]
+    order += [EVAL_SIMD] if args.simd else []
     rows = {name: rows[name] for name in order + [n for n in rows if n not in order]}
 
     shutil.rmtree(tmp)
