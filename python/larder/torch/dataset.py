@@ -59,8 +59,9 @@ class LarderIterableDataset(IterableDataset):
     (Lightning, for an IterableDataset) still get a new order every epoch; `set_epoch(e)` makes
     the next iteration epoch e. `state_dict()` / `load_state_dict()` resume mid-epoch (torchdata's
     `StatefulDataLoader` calls them): iterated in the training process, the state is the
-    position in the epoch's global order, so a job resumed on another number of ranks or workers
-    goes on with exactly the samples not yet seen; in DataLoader workers, each worker's own
+    position in the epoch's global order (with `nodes`, in the node's part, and the nodes), so a
+    job resumed on another number of ranks, workers or nodes goes on with exactly the samples
+    not yet seen (one change of nodes an epoch); in DataLoader workers, each worker's own
     position (resume with the same setup). `start_step` resumes the first epoch after the loader
     (on this rank) has yielded that many batches.
     """
