@@ -170,48 +170,32 @@ pub fn node_order(
 ) -> (Vec<u64>, u64) {
     let parts = dealt(n, seed, epoch, shuffle, split);
     let g = split.granule.max(1);
-    let size =
-        |granules: &[u64]| -> u64 { granules.iter().map(|&k| ((k + 1) * g).min(n) - k * g).sum() };
+    let sizes: Vec<u64> = parts
+        .iter()
+        .map(|granules| granules.iter().map(|&k| ((k + 1) * g).min(n) - k * g).sum())
+        .collect();
+    let of_node = |m: u32, nodes: u32| (m..split.partitions).step_by(nodes as usize);
+    // Samples of each partition consumed before (an epoch resumed on other nodes): a node's
+    // first `used` samples, its partitions taken in turn as below.
+    let mut consumed = vec![0; parts.len()];
+    if let Some((before, used)) = split.resumed {
+        for m in 0..before {
+            let theirs: Vec<u32> = of_node(m, before).collect();
+            let lens: Vec<u64> = theirs.iter().map(|&c| sizes[c as usize]).collect();
+            for (&c, taken) in theirs.iter().zip(taken_in_turn(&lens, used)) {
+                consumed[c as usize] = taken;
+            }
+        }
+    }
     let longest = (0..split.nodes)
         .map(|m| {
-            (m..split.partitions)
-                .step_by(split.nodes as usize)
-                .map(|c| size(&parts[c as usize]))
+            of_node(m, split.nodes)
+                .map(|c| sizes[c as usize] - consumed[c as usize])
                 .sum::<u64>()
         })
         .max()
         .unwrap_or(0);
-    // Samples of each partition consumed before (an epoch resumed on other nodes): a node's
-    // first `used` samples, its partitions taken in turn as below.
-    let consumed: Vec<u64> = match split.resumed {
-        None => vec![0; parts.len()],
-        Some((before, used)) => {
-            let mut consumed = vec![0; parts.len()];
-            for m in 0..before.max(1) {
-                let theirs: Vec<u32> = (m..split.partitions).step_by(before as usize).collect();
-                let lens: Vec<u64> = theirs.iter().map(|&c| size(&parts[c as usize])).collect();
-                for (k, taken) in taken_in_turn(&lens, used).into_iter().enumerate() {
-                    consumed[theirs[k] as usize] = taken;
-                }
-            }
-            consumed
-        }
-    };
-    let left = |c: u32| size(&parts[c as usize]) - consumed[c as usize];
-    let longest = match split.resumed {
-        None => longest,
-        Some(_) => (0..split.nodes)
-            .map(|m| {
-                (m..split.partitions)
-                    .step_by(split.nodes as usize)
-                    .map(left)
-                    .sum::<u64>()
-            })
-            .max()
-            .unwrap_or(0),
-    };
-    let mine: Vec<Vec<u64>> = (split.node..split.partitions)
-        .step_by(split.nodes as usize)
+    let mine: Vec<Vec<u64>> = of_node(split.node, split.nodes)
         .map(|c| {
             let mut seq = partition_sequence(n, &parts[c as usize], seed, epoch, shuffle, c, g);
             seq.drain(..consumed[c as usize] as usize);
@@ -224,6 +208,18 @@ pub fn node_order(
         order.extend(mine.iter().filter_map(|p| p.get(i)));
     }
     (order, longest)
+}
+
+/// The granules of node `split.node`'s part of the epoch, in order: its partitions' granules,
+/// without ordering their samples (`node_order` without the resume).
+pub fn node_granules(n: u64, seed: u64, epoch: u64, shuffle: bool, split: &NodeSplit) -> Vec<u64> {
+    let parts = dealt(n, seed, epoch, shuffle, split);
+    let mut granules: Vec<u64> = (split.node..split.partitions)
+        .step_by(split.nodes as usize)
+        .flat_map(|c| parts[c as usize].iter().copied())
+        .collect();
+    granules.sort_unstable();
+    granules
 }
 
 /// How many of each list's items the first `used` items of the lists taken in turn hold (one
@@ -892,6 +888,32 @@ mod sharding_tests {
                         "granules {shape:?}: {steps} steps on {before} nodes, the rest on {after}"
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn a_nodes_granules_are_those_its_order_reads() {
+        let n = 1003;
+        for nodes in [1, 2, 4] {
+            for node in 0..nodes {
+                let split = NodeSplit {
+                    nodes,
+                    node,
+                    partitions: 8,
+                    granule: 7,
+                    swap_per_mille: 250,
+                    resumed: None,
+                };
+                let (order, _) = node_order(n, 3, 2, true, &split);
+                let mut from_order: Vec<u64> = order.iter().map(|&i| i / 7).collect();
+                from_order.sort_unstable();
+                from_order.dedup();
+                assert_eq!(
+                    node_granules(n, 3, 2, true, &split),
+                    from_order,
+                    "node {node} of {nodes}"
+                );
             }
         }
     }

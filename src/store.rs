@@ -7,7 +7,7 @@
 use crate::catalog::Dataset;
 use crate::error::{Error, Kind};
 use crate::metrics::{Metrics, Tier};
-use crate::sampler::{node_order, NodeSplit};
+use crate::sampler::{node_granules, NodeSplit};
 use crate::tiers::eviction::Key;
 use crate::tiers::memory::{MemorySnapshot, MemoryTier};
 use crate::tiers::scratch::{ScratchSnapshot, ScratchSpace, ScratchTier};
@@ -416,8 +416,7 @@ impl Store {
                     .workers
                     .run(move || {
                         // The granule's lock, as a stream reading it takes: one raw read.
-                        let stripe = (k + 7 * ds2.id as u64) as usize % locks.len();
-                        let _reading = locks[stripe].lock().unwrap_or_else(|e| e.into_inner());
+                        let _reading = granule_lock(&locks, ds2.id, k);
                         warm_chunk(&ds2, &scratch2, &memory, start, count)
                     })
                     .await;
@@ -438,19 +437,19 @@ impl Store {
 /// The granules new to a node's part in `part.epoch` (not in its part of the epoch before, which
 /// that epoch's streams read), in order.
 fn new_granules(ds: &Dataset, part: &Prefetch) -> Vec<u64> {
-    let (n, g) = (ds.len(), part.split.granule.max(1));
-    let granules_of = |epoch| {
-        let (order, _) = node_order(n, part.seed, epoch, part.shuffle, &part.split);
-        let mut granules: Vec<u64> = order.iter().map(|&i| i / g).collect();
-        granules.sort_unstable();
-        granules.dedup();
-        granules
-    };
+    let granules_of = |epoch| node_granules(ds.len(), part.seed, epoch, part.shuffle, &part.split);
     let now = granules_of(part.epoch.wrapping_sub(1));
     granules_of(part.epoch)
         .into_iter()
         .filter(|k| now.binary_search(k).is_err())
         .collect()
+}
+
+/// The lock of `dataset`'s granule `granule` (striped): one worker reads a granule from raw
+/// storage while the others that need it wait.
+fn granule_lock(locks: &[Mutex<()>], dataset: u32, granule: u64) -> std::sync::MutexGuard<'_, ()> {
+    let stripe = (granule + 7 * dataset as u64) as usize % locks.len();
+    locks[stripe].lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Why `ds` cannot be warmed.
@@ -587,8 +586,7 @@ fn load_blocking(
     let granule = ds.source.read_granule();
     let (data, raw_bytes) = match scratch {
         Some(scratch) if granule > 1 && scratch.accepts_writes(index) => {
-            let stripe = (index / granule + 7 * ds.id as u64) as usize % locks.len();
-            let _reading = locks[stripe].lock().unwrap_or_else(|e| e.into_inner());
+            let _reading = granule_lock(locks, ds.id, index / granule);
             // Filled while this worker waited? (`contains` first: a corrupt record was
             // counted once already.)
             let filled = scratch.contains(index).then(|| scratch.read(index));

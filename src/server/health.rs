@@ -2,8 +2,9 @@
 //! and `grpc_health_probe`. The server ("" or `larder.v1.Larder`) is SERVING from the moment
 //! it listens and NOT_SERVING once the daemon is shutting down (open streams drain meanwhile).
 //! A dataset's name is a service too: SERVING while it is served, NOT_SERVING while it is being
-//! opened, failed to open, or its reader failed and has not started again; answered only to callers who may list it (TCP callers: datasets
-//! with `tcp = true`), NOT_FOUND to others, as for a name that does not exist.
+//! opened, failed to open, or its reader failed and has not started again; answered only to
+//! callers who may list it (TCP callers: datasets with `tcp = true`), NOT_FOUND to others, as
+//! for a name that does not exist.
 
 use super::service::Service;
 use crate::access::Caller;

@@ -36,7 +36,8 @@ class LarderIterableDataset(IterableDataset):
 
     A job over several nodes, a larderd each: `nodes=` (and `node=`, else torchrun's
     GROUP_RANK or Slurm's SLURM_NODEID) has each node read its own part of every epoch, so its
-    daemon's cache keeps serving it (see `Client.stream`; resume on the same number of nodes).
+    daemon's cache keeps serving it (see `Client.stream`; the state below resumes on another
+    number of nodes too).
 
     Batches in the shape a training loop expects: `normalize=(mean, std)` (torchvision's
     numbers, e.g. ImageNet's), `device=`, `dtype=`, `channels_last=` give the images as float,
@@ -262,18 +263,17 @@ class LarderIterableDataset(IterableDataset):
         state, self._nodes_state = self._nodes_state, None
         if state is not None and state.get("epoch") == epoch:
             before, earlier = state.get("nodes", 0), state.get("resumed")
+            moved = f"this epoch ran on {before or 'one'} node(s) and goes on on {nodes or 'one'}"
             if before == nodes:
                 resumed = earlier
             elif state.get("sample", 0) == 0 and earlier is None:
                 pass  # nothing of the epoch read yet: it starts afresh on these nodes
             elif in_worker:
-                raise ValueError(f"this epoch ran on {before or 'one'} node(s) and goes on on {nodes or 'one'}: "
-                                 "DataLoader workers resume with the same setup (iterate in the training process)")
+                raise ValueError(f"{moved}: DataLoader workers resume with the same setup (iterate in the "
+                                 "training process)")
             elif earlier is not None or not before or not nodes:
-                raise ValueError(
-                    f"this epoch ran on {before or 'one'} node(s) and goes on on {nodes or 'one'}: a job "
-                    "changes its number of nodes mid-epoch once, between two node-aware setups "
-                    "(nodes > 1 on both sides); resume at the epoch's end instead")
+                raise ValueError(f"{moved}: a job changes its number of nodes mid-epoch once, between two "
+                                 "node-aware setups (nodes > 1 on both sides); resume at the epoch's end instead")
             else:
                 resumed, start_sample = [before, state["sample"]], 0
         if resumed:
