@@ -62,6 +62,13 @@ pub fn format_stats(s: &crate::proto::Stats) -> String {
             s.prefetched_samples, s.prefetched_raw_bytes
         );
     }
+    if s.object_gets > 0 {
+        let _ = writeln!(
+            out,
+            "object store: {} ranged GETs, {} bytes",
+            s.object_gets, s.object_bytes
+        );
+    }
     let _ = writeln!(
         out,
         "served: {} batches, {} samples, {} bytes; {} open streams; {} fetches shared between clients; {} bad samples skipped (larder bad)",

@@ -82,8 +82,18 @@ impl Error {
 
     /// The kind of `e`: that of the first [`Error`] in its chain, else `Internal`.
     pub fn kind_of(e: &anyhow::Error) -> Kind {
+        // Also inside an I/O error: a read through a source's file interface carries its kind
+        // there (an object that changed, a store that did not answer).
+        fn inside_io<'a>(c: &'a (dyn std::error::Error + 'static)) -> Option<&'a Error> {
+            c.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<Error>())
+        }
         e.downcast_ref::<Error>()
-            .or_else(|| e.chain().find_map(|c| c.downcast_ref::<Error>()))
+            .or_else(|| {
+                e.chain()
+                    .find_map(|c| c.downcast_ref::<Error>().or_else(|| inside_io(c)))
+            })
             .map_or(Kind::Internal, Error::kind)
     }
 }

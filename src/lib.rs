@@ -15,6 +15,7 @@ pub mod fields;
 pub mod fingerprint;
 pub mod input_bound;
 pub mod metrics;
+pub mod objects;
 pub mod open_streams;
 pub mod peer;
 pub mod pipeline;

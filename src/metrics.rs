@@ -189,6 +189,8 @@ impl Metrics {
             shm_fallbacks: self.shm_fallbacks.load(Relaxed),
             prefetched_samples: self.prefetched.load(Relaxed),
             prefetched_raw_bytes: self.prefetched_bytes.load(Relaxed),
+            object_gets: crate::objects::GETS.load(Relaxed),
+            object_bytes: crate::objects::GOT_BYTES.load(Relaxed),
             batch_wait_bounds: WAIT_BOUNDS.to_vec(),
             batch_wait_counts: self
                 .waits

@@ -113,6 +113,16 @@ fn record(s: &Stats, streams: &[StreamInfo]) {
         s.admissions_declined,
     );
     c(
+        "larder_object_gets_total",
+        "Ranged GETs made to object stores (datasets at s3:// URLs).",
+        s.object_gets,
+    );
+    c(
+        "larder_object_read_bytes_total",
+        "Bytes those GETs brought.",
+        s.object_bytes,
+    );
+    c(
         "larder_batches_served_total",
         "Batches sent to clients.",
         s.batches_served,

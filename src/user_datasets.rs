@@ -256,6 +256,13 @@ pub fn parse_table(name: &str, table: &str) -> anyhow::Result<DatasetConfig> {
         "the table names no dataset: its name is given apart"
     );
     value.insert("name".into(), toml::Value::String(name.into()));
+    if let Some(path) = value.get("path").and_then(|p| p.as_str()) {
+        anyhow::ensure!(
+            crate::objects::scheme_of(Path::new(path)).is_none(),
+            "path {path}: a dataset in object storage is the admin's to add (in the daemon's \
+             config): it is read with the daemon's credentials, not yours"
+        );
+    }
     let c = DatasetConfig::from_table(value)?;
     anyhow::ensure!(
         c.path.is_absolute(),

@@ -324,6 +324,14 @@ pub fn check(guard: &Guard, who: &Caller, files: &Arc<[PathBuf]>) -> Result<(), 
     let Caller::Local(id) = who else {
         unreachable!("decide answers for TCP callers")
     };
+    if let Some(url) = files.iter().find(|f| crate::objects::is_url(f)) {
+        // No user's rights reach an object store: the daemon reads it with its credentials.
+        return Err(format!(
+            "{} is in an object store, read with the daemon's credentials: only the users \
+             its `allow` grants may read it",
+            url.display()
+        ));
+    }
     if let Some(checker) = CHECKER.get() {
         return match checker(id, files) {
             Ok(None) => Ok(()),

@@ -197,9 +197,12 @@ impl DatasetConfig {
         let own = split::<DatasetConfig>(&mut table);
         let mut c: DatasetConfig = toml::Value::Table(own).try_into()?;
         c.options = table;
-        if let Some(scheme) = remote_scheme(&c.path) {
-            anyhow::bail!(
-                "dataset {:?}: path {}: raw data in object storage ({scheme}://) is not read in this release; put it on a local or shared filesystem (NFS, Lustre)",
+        if let Some(scheme) = crate::objects::scheme_of(&c.path) {
+            anyhow::ensure!(
+                crate::objects::SCHEMES.contains(&scheme),
+                "dataset {:?}: path {}: larder reads object storage over S3's API (s3://BUCKET/PREFIX; \
+                 MinIO, Ceph RGW and the like too), not {scheme}://; put it there or on a local or \
+                 shared filesystem (NFS, Lustre)",
                 c.name,
                 c.path.display()
             );
@@ -264,17 +267,6 @@ impl DatasetConfig {
             Some(c) => Some(c),
         }
     }
-}
-
-/// The scheme of a path written as a URL (`s3://bucket/prefix`, `gs://`, `https://`).
-pub(super) fn remote_scheme(path: &std::path::Path) -> Option<&str> {
-    let s = path.to_str()?;
-    let (scheme, _) = s.split_once("://")?;
-    (!scheme.is_empty()
-        && scheme
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '+'))
-    .then_some(scheme)
 }
 
 /// `[[dataset]]` tables, each split by `DatasetConfig::from_table`.

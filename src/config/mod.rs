@@ -259,7 +259,7 @@ impl Config {
         // Relative dataset and scratch paths are relative to the config file.
         let base = path.parent().unwrap_or(Path::new("."));
         for d in &mut config.datasets {
-            if d.path.is_relative() {
+            if d.path.is_relative() && crate::objects::scheme_of(&d.path).is_none() {
                 d.path = base.join(&d.path);
             }
         }
@@ -415,29 +415,30 @@ mod tests {
     }
 
     #[test]
-    fn object_storage_urls_are_refused_with_the_reason() {
-        for url in ["s3://bucket/train", "gs://b/p", "https://host/data.h5"] {
-            let err = Config::parse(&format!(
-                "listen=\"a\"\n[[dataset]]\nname=\"d\"\npath=\"{url}\"\n"
+    fn object_storage_urls_only_s3_and_only_in_the_admins_config() {
+        let parse = |url: &str| {
+            Config::parse(&format!(
+                "listen=\"a\"\n[[dataset]]\nname=\"d\"\nkind=\"webdataset\"\npath=\"{url}\"\n"
             ))
-            .unwrap_err();
+        };
+        let c = parse("s3://bucket/train").unwrap();
+        assert_eq!(c.datasets[0].path, Path::new("s3://bucket/train"));
+        for url in ["gs://b/p", "https://host/data.h5"] {
+            let err = format!("{:#}", parse(url).unwrap_err());
             assert!(
-                format!("{err:#}").contains("object storage"),
-                "{url}: {err:#}"
-            );
-            let err =
-                crate::user_datasets::parse_table("d", &format!("path = \"{url}\"")).unwrap_err();
-            assert!(
-                format!("{err:#}").contains("object storage"),
-                "{url}: {err:#}"
+                err.contains("over S3's API") && err.contains("not "),
+                "{url}: {err}"
             );
         }
+        // A user's own dataset is read with their rights; an object store's credentials are
+        // the daemon's.
+        for url in ["s3://bucket/train", "gs://b/p"] {
+            let err =
+                crate::user_datasets::parse_table("d", &format!("path = \"{url}\"")).unwrap_err();
+            assert!(format!("{err:#}").contains("credentials"), "{url}: {err:#}");
+        }
         // A local path with "://" inside a folder's name is a path.
-        assert!(remote_scheme_of("/data/a://b").is_none());
-    }
-
-    fn remote_scheme_of(p: &str) -> Option<String> {
-        super::dataset::remote_scheme(std::path::Path::new(p)).map(str::to_string)
+        assert!(crate::objects::scheme_of(Path::new("/data/a://b")).is_none());
     }
 
     #[test]

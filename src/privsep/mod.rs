@@ -20,6 +20,7 @@
 //! The threat model is in docs/admin.md ("Threat model").
 
 pub mod caps;
+pub mod fetch;
 pub mod launcher;
 pub mod reader;
 pub mod remote;

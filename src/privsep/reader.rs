@@ -119,6 +119,12 @@ fn open_dataset(m: &wire::Message) -> Result<(Open, Answer)> {
     let limits: Limits = toml::from_str(r.str()?).context("the limits")?;
     r.end()?;
     let mut c = DatasetConfig::from_table(table)?;
+    // A dataset in an object store is read through the channel the daemon sent with the
+    // request: this process has no network and no credentials.
+    if let Some(fd) = &m.fd {
+        let channel = super::fetch::Channel::new(fd.try_clone()?);
+        crate::objects::install(Box::new(channel));
+    }
     // Read as this process is: the owner (the daemon set it, the launcher switched to it).
     c.owner = None;
     let opened = crate::source::open(&c, &limits)?;
@@ -166,6 +172,15 @@ fn load(ds: &Open, m: &wire::Message) -> Result<Answer> {
         Ok(all) => (start..).zip(all.into_iter().map(Ok)).collect(),
         Err(_) => (start..start + count).map(|i| (i, s.read(i))).collect(),
     };
+    // An object store that did not answer is no sample's fault: the whole request fails, and
+    // with it the stream (the daemon says the dataset is not served now).
+    if let Some(e) = raw.iter().find_map(|(_, r)| {
+        r.as_ref()
+            .err()
+            .filter(|e| crate::error::Error::kind_of(e) == crate::error::Kind::Reader)
+    }) {
+        bail!("{e:#}");
+    }
     let mut records = Vec::new();
     let mut w = Writer::default();
     let raw_bytes: u64 = raw

@@ -15,6 +15,7 @@ use super::wire::{self, Writer};
 use crate::config::{DatasetConfig, Limits};
 use crate::error::{Error, Kind};
 use crate::fields::Schema;
+use crate::objects::Location;
 use crate::pipeline::Preprocess;
 use crate::source::{Format, Opened, Prepared, Provenance, RawSample, RawSource};
 use anyhow::{anyhow, bail, ensure, Context, Result};
@@ -133,6 +134,17 @@ impl Connection {
         payload: &[u8],
         within: Duration,
     ) -> Result<wire::Message, Result<String, String>> {
+        self.call_with(kind, payload, None, within)
+    }
+
+    /// `call`, with `fd` sent beside the request.
+    fn call_with(
+        &self,
+        kind: u8,
+        payload: &[u8],
+        fd: Option<&OwnedFd>,
+        within: Duration,
+    ) -> Result<wire::Message, Result<String, String>> {
         if let Some(why) = self.dead() {
             return Err(Err(why));
         }
@@ -142,7 +154,8 @@ impl Connection {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, tx);
-        if let Err(e) = wire::send(self.sock.as_raw_fd(), kind, id, payload, None) {
+        let fd = fd.map(|f| f.as_raw_fd());
+        if let Err(e) = wire::send(self.sock.as_raw_fd(), kind, id, payload, fd) {
             self.fail(&format!("sending to the reader: {e:#}"));
             return Err(Err(self.dead().unwrap_or_default()));
         }
@@ -199,6 +212,9 @@ pub struct RemoteSource {
     user: User,
     /// The request that opens it: its table and the limits, as TOML.
     open_request: Vec<u8>,
+    /// Where its objects are, for a dataset in an object store: each reader gets a channel
+    /// to them that reaches no further.
+    objects: Option<Location>,
     meta: Meta,
     sizes: Vec<u64>,
     files: Arc<[PathBuf]>,
@@ -248,7 +264,10 @@ fn from_reader(
     open_request: Vec<u8>,
     reader: Arc<Connection>,
 ) -> Result<Opened> {
-    let (meta, sizes, files) = open_in(&reader, &open_request, limits)?;
+    let objects = crate::objects::is_url(&c.path)
+        .then(|| Location::parse(&c.path))
+        .transpose()?;
+    let (meta, sizes, files) = open_in(&reader, &open_request, objects.as_ref(), limits)?;
     let format = crate::source::format_named(&meta.kind)?;
     let schema = meta.schema.clone();
     let preprocess = Preprocess::Elsewhere(meta.preprocess.clone());
@@ -257,6 +276,7 @@ fn from_reader(
         launcher,
         user,
         open_request,
+        objects,
         meta,
         sizes,
         files: files.into(),
@@ -281,10 +301,21 @@ fn from_reader(
 fn open_in(
     reader: &Connection,
     request: &[u8],
+    objects: Option<&Location>,
     limits: &Limits,
 ) -> Result<(Meta, Vec<u64>, Vec<PathBuf>)> {
+    // A dataset in an object store: the reader's end of a channel to its objects goes with
+    // the request, the daemon's is served until the reader closes it.
+    let channel = match objects {
+        Some(scope) => {
+            let (ours, theirs) = wire::pair()?;
+            super::fetch::serve(ours, scope.clone())?;
+            Some(theirs)
+        }
+        None => None,
+    };
     let m = reader
-        .call(OPEN, request, OPEN_WITHIN)
+        .call_with(OPEN, request, channel.as_ref(), OPEN_WITHIN)
         .map_err(|e| match e {
             Ok(why) => anyhow!("{why}"),
             Err(why) => anyhow!("{why}"),
@@ -364,8 +395,9 @@ impl RemoteSource {
             max_sample_bytes: self.max_sample_bytes,
             ..Limits::default()
         };
-        let started = Connection::start(launcher, &self.user)
-            .and_then(|r| open_in(&r, &self.open_request, &limits).map(|m| (r, m)));
+        let started = Connection::start(launcher, &self.user).and_then(|r| {
+            open_in(&r, &self.open_request, self.objects.as_ref(), &limits).map(|m| (r, m))
+        });
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.restarting = false;
         let failed = |state: &mut State| {

@@ -420,6 +420,10 @@ fn allow_beneath(ruleset: &OwnedFd, path: &Path) -> Result<()> {
 /// files points to), and the root.
 pub fn rules_for(root: &Path, files: &[PathBuf]) -> Vec<PathBuf> {
     const EACH_FILE_UP_TO: usize = 64;
+    // Objects are not files: a reader of them reads through its channel and may open none.
+    if crate::objects::is_url(root) {
+        return vec![];
+    }
     let mut out: Vec<PathBuf> = vec![root.to_path_buf()];
     if files.len() <= EACH_FILE_UP_TO {
         out.extend(files.iter().cloned());

@@ -66,6 +66,11 @@ impl Stamp {
         }
     }
 
+    /// The file's size when stamped.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
     /// Why the file at `path` no longer has this stamp, if it does not.
     pub fn changed(&self, path: &Path) -> Option<String> {
         let why = match Stamp::of(path) {

@@ -115,6 +115,15 @@ impl Format for Hdf5 {
         "hdf5"
     }
 
+    fn reads_objects(&self) -> std::result::Result<(), String> {
+        Err(
+            "HDF5 is read by libhdf5 through its POSIX file driver (chunk indexes walked and \
+             read in place); its read-only S3 driver is not used: keep HDF5 on a local or \
+             shared filesystem (NFS, Lustre)"
+                .into(),
+        )
+    }
+
     fn recognizes(&self, path: &Path) -> bool {
         // The HDF5 signature, at offset 0 (a file with a user block has it at 512, 1024, ...).
         use std::io::Read;

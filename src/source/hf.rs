@@ -10,7 +10,7 @@
 //! each; bodies are skipped), then a record batch is read and decoded when its rows are
 //! asked for. The granule is the record batch (at most `MAX_GRANULE` rows of it).
 
-use super::{file_version, Format, Opened, Provenance, RawSample, RawSource, Stamp};
+use super::{Blob, Format, Opened, Provenance, RawSample, RawSource};
 use crate::config::keys::keys_of;
 use crate::config::{DatasetConfig, ImageMode, Limits, TrainCrop};
 use crate::fields::{DType, FieldSpec, Resample, Schema, Value};
@@ -19,7 +19,6 @@ use anyhow::{bail, ensure, Context, Result};
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef};
 use arrow_schema::DataType;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -50,6 +49,10 @@ impl Format for Hf {
 
     fn recognizes(&self, path: &Path) -> bool {
         path.join("state.json").is_file() || path.join("dataset_dict.json").is_file()
+    }
+
+    fn reads_objects(&self) -> std::result::Result<(), String> {
+        Ok(())
     }
 
     fn dataset_keys(&self) -> Vec<&'static str> {
@@ -242,14 +245,108 @@ fn declared_shapes(schema: &arrow_schema::Schema) -> std::collections::HashMap<S
     out
 }
 
-/// The Arrow files of the dataset at `path`, in order.
-fn arrow_files(path: &Path, split: &str) -> Result<Vec<PathBuf>> {
-    if path.join("dataset_dict.json").is_file() {
-        let dict: serde_json::Value = serde_json::from_slice(&super::read_capped(
-            &path.join("dataset_dict.json"),
-            1 << 20,
-        )?)
-        .context("dataset_dict.json")?;
+/// A dataset's folder: on a filesystem, or a prefix of objects (listed once).
+enum Folder {
+    Local(PathBuf),
+    Objects(PathBuf, Vec<Blob>),
+}
+
+impl Folder {
+    fn at(path: &Path) -> Result<Folder> {
+        Ok(match crate::objects::is_url(path) {
+            true => Folder::Objects(path.to_path_buf(), Blob::list(path)?),
+            false => Folder::Local(path.to_path_buf()),
+        })
+    }
+
+    fn path(&self) -> &Path {
+        match self {
+            Folder::Local(p) | Folder::Objects(p, _) => p,
+        }
+    }
+
+    fn has(&self, name: &str) -> bool {
+        match self {
+            Folder::Local(p) => p.join(name).is_file(),
+            Folder::Objects(p, blobs) => blobs.iter().any(|b| b.path() == p.join(name)),
+        }
+    }
+
+    /// The file `name`, opened.
+    fn open(&self, name: &str) -> Result<Blob> {
+        match self {
+            Folder::Local(p) => Blob::open(&p.join(name)),
+            Folder::Objects(p, blobs) => {
+                let want = p.join(name);
+                let b = blobs
+                    .iter()
+                    .find(|b| b.path() == want)
+                    .with_context(|| format!("{}: no such object", want.display()))?;
+                let Blob::Object { object, .. } = b else {
+                    unreachable!("a listing holds objects")
+                };
+                Ok(Blob::Object {
+                    object: object.clone(),
+                    changed: Default::default(),
+                })
+            }
+        }
+    }
+
+    /// The bytes of the small file `name` (a JSON description), at most `max`.
+    fn read(&self, name: &str, max: u64) -> Result<Vec<u8>> {
+        if let Folder::Local(p) = self {
+            return super::read_capped(&p.join(name), max);
+        }
+        let b = self.open(name)?;
+        ensure!(b.len() <= max, "{name} takes {} bytes, over {max}", b.len());
+        let mut bytes = vec![0u8; b.len() as usize];
+        b.read_exact_at(&mut bytes, 0)?;
+        Ok(bytes)
+    }
+
+    /// The names of the files right in it.
+    fn names(&self) -> Result<Vec<String>> {
+        Ok(match self {
+            Folder::Local(p) => std::fs::read_dir(p)
+                .with_context(|| format!("reading folder {}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect(),
+            Folder::Objects(p, blobs) => blobs
+                .iter()
+                .filter(|b| b.path().parent() == Some(p))
+                .map(Blob::name)
+                .collect(),
+        })
+    }
+
+    /// Its subfolder `name`.
+    fn sub(self, name: &str) -> Folder {
+        match self {
+            Folder::Local(p) => Folder::Local(p.join(name)),
+            Folder::Objects(p, blobs) => {
+                let p = p.join(name);
+                let blobs = blobs
+                    .into_iter()
+                    .filter(|b| b.path().starts_with(&p))
+                    .collect();
+                Folder::Objects(p, blobs)
+            }
+        }
+    }
+}
+
+/// The Arrow files of the dataset at `path`, in order, opened.
+fn arrow_files(path: &Path, split: &str) -> Result<Vec<Blob>> {
+    arrow_files_in(Folder::at(path)?, split)
+}
+
+fn arrow_files_in(folder: Folder, split: &str) -> Result<Vec<Blob>> {
+    let path = folder.path().to_path_buf();
+    if folder.has("dataset_dict.json") {
+        let dict: serde_json::Value =
+            serde_json::from_slice(&folder.read("dataset_dict.json", 1 << 20)?)
+                .context("dataset_dict.json")?;
         let splits: Vec<&str> = dict["splits"]
             .as_array()
             .map(|a| a.iter().filter_map(|s| s.as_str()).collect())
@@ -261,13 +358,12 @@ fn arrow_files(path: &Path, split: &str) -> Result<Vec<PathBuf>> {
             splits.join(", ")
         );
         ensure!(!split.contains('/') && split != "..", "split {split:?}");
-        return arrow_files(&path.join(split), split);
+        return arrow_files_in(folder.sub(split), split);
     }
-    if path.join("state.json").is_file() {
+    if folder.has("state.json") {
         let state: serde_json::Value =
-            serde_json::from_slice(&super::read_capped(&path.join("state.json"), 1 << 20)?)
-                .context("state.json")?;
-        let files: Vec<PathBuf> = state["_data_files"]
+            serde_json::from_slice(&folder.read("state.json", 1 << 20)?).context("state.json")?;
+        let files: Vec<Blob> = state["_data_files"]
             .as_array()
             .context("state.json has no _data_files")?
             .iter()
@@ -279,18 +375,17 @@ fn arrow_files(path: &Path, split: &str) -> Result<Vec<PathBuf>> {
                     !name.contains('/') && name.ends_with(".arrow"),
                     "data file {name:?}"
                 );
-                Ok(path.join(name))
+                folder.open(name)
             })
             .collect::<Result<_>>()?;
         ensure!(!files.is_empty(), "{}: no data files", path.display());
         return Ok(files);
     }
     // The library's cache folder: NAME-SPLIT.arrow or NAME-SPLIT-0000k-of-0000n.arrow.
-    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-        .with_context(|| format!("reading folder {}", path.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            let name = p.file_name().unwrap_or_default().to_string_lossy();
+    let mut names: Vec<String> = folder
+        .names()?
+        .into_iter()
+        .filter(|name| {
             let Some(stem) = name.strip_suffix(".arrow") else {
                 return false;
             };
@@ -301,13 +396,13 @@ fn arrow_files(path: &Path, split: &str) -> Result<Vec<PathBuf>> {
             base.ends_with(&format!("-{split}"))
         })
         .collect();
-    files.sort();
+    names.sort();
     ensure!(
-        !files.is_empty(),
+        !names.is_empty(),
         "{}: no state.json or dataset_dict.json, and no cache files of split {split:?}",
         path.display()
     );
-    Ok(files)
+    names.iter().map(|n| folder.open(n)).collect()
 }
 
 /// What a column is served as.
@@ -350,7 +445,7 @@ struct Batch {
 
 pub struct HfSource {
     path: PathBuf,
-    files: Vec<(PathBuf, std::fs::File, Stamp)>,
+    files: Vec<Blob>,
     schema: arrow_schema::SchemaRef,
     columns: Vec<Column>,
     batches: Vec<Batch>,
@@ -435,19 +530,15 @@ fn kind_of_type(t: &DataType) -> Result<Kind, String> {
 impl HfSource {
     fn open(
         path: &Path,
-        paths: Vec<PathBuf>,
+        files: Vec<Blob>,
         wanted: &[(crate::config::FieldConfig, String)],
     ) -> Result<HfSource> {
-        let mut files = vec![];
+        let paths: Vec<PathBuf> = files.iter().map(Blob::path).collect();
         let mut batches = vec![];
         let mut schema: Option<arrow_schema::SchemaRef> = None;
         let mut len = 0u64;
-        for (k, p) in paths.iter().enumerate() {
-            let file = crate::access::open_no_magiclinks(p, libc::O_NONBLOCK)
-                .with_context(|| format!("opening {}", p.display()))?;
-            let meta = file.metadata()?;
-            ensure!(meta.is_file(), "{} is not a regular file", p.display());
-            let s = scan(&file, meta.len(), k, &mut len, &mut batches)
+        for (k, (p, file)) in paths.iter().zip(&files).enumerate() {
+            let s = scan(file, file.len(), k, &mut len, &mut batches)
                 .with_context(|| format!("reading Arrow stream {}", p.display()))?;
             match &schema {
                 None => schema = Some(Arc::new(s)),
@@ -458,7 +549,6 @@ impl HfSource {
                     paths[0].display()
                 ),
             }
-            files.push((p.clone(), file, Stamp::of_metadata(&meta)));
         }
         let schema = schema.context("no Arrow files")?;
         let (columns, skipped) = columns_of(path, &schema, wanted)?;
@@ -477,7 +567,9 @@ impl HfSource {
                 .unwrap_or(1)
         };
         let mut access = vec![path.to_path_buf()];
-        access.extend(paths.iter().cloned());
+        if !crate::objects::is_url(path) {
+            access.extend(paths.iter().cloned());
+        }
         Ok(HfSource {
             path: path.to_path_buf(),
             files,
@@ -495,7 +587,7 @@ impl HfSource {
 
     /// Record batch `b`, its columns decoded (only those served).
     fn batch(&self, b: &Batch) -> Result<arrow_array::RecordBatch> {
-        let file = &self.files[b.file].1;
+        let file = &self.files[b.file];
         let max = self.max_value_bytes.saturating_mul(super::MAX_GRANULE);
         ensure!(
             b.body_len <= max && b.meta_len <= 16 << 20,
@@ -531,7 +623,7 @@ impl HfSource {
 /// Scans the Arrow stream in `file`: its schema, and each record batch's place (appended to
 /// `batches`, numbered from `len` on).
 fn scan(
-    file: &std::fs::File,
+    file: &Blob,
     size: u64,
     index: usize,
     len: &mut u64,
@@ -735,7 +827,7 @@ fn direct_layout(
 
 impl Direct {
     /// Row `row` of batch `b` of `file`, read alone.
-    fn read(&self, file: &std::fs::File, b: &Batch, row: u64, max: u64) -> Result<Value> {
+    fn read(&self, file: &Blob, b: &Batch, row: u64, max: u64) -> Result<Value> {
         // The bytes `at..at + len` of buffer `k`, checked against it.
         let read = |k: usize, at: u64, len: u64| -> Result<Vec<u8>> {
             let (offset, size) = *b.buffers.get(k).context("no such buffer")?;
@@ -917,7 +1009,7 @@ impl RawSource for HfSource {
             for i in start..end {
                 let k = self.batches.partition_point(|b| b.first_row + b.rows <= i);
                 let b = &self.batches[k];
-                let file = &self.files[b.file].1;
+                let file = &self.files[b.file];
                 let sample = direct
                     .iter()
                     .zip(&self.columns)
@@ -944,7 +1036,7 @@ impl RawSource for HfSource {
             let decoded = self
                 .batch(b)
                 .map_err(|e| self.changed().map_or(e, super::changed_error))
-                .with_context(|| format!("reading {}", self.files[b.file].0.display()))?;
+                .with_context(|| format!("reading {}", self.files[b.file].path().display()))?;
             let (lo, hi) = (start.max(b.first_row), end.min(b.first_row + b.rows));
             for i in lo..hi {
                 let row = (i - b.first_row) as usize;
@@ -1003,12 +1095,12 @@ impl RawSource for HfSource {
 
 impl Provenance for HfSource {
     fn version(&self) -> String {
-        let v: Vec<String> = self.files.iter().map(|(p, _, _)| file_version(p)).collect();
+        let v: Vec<String> = self.files.iter().map(Blob::version).collect();
         v.join("|")
     }
 
     fn changed(&self) -> Option<String> {
-        self.files.iter().find_map(|(p, _, s)| s.changed(p))
+        self.files.iter().find_map(Blob::changed)
     }
 
     fn files(&self) -> Arc<[PathBuf]> {

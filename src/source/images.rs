@@ -109,6 +109,15 @@ impl Format for Images {
         "images"
     }
 
+    fn reads_objects(&self) -> std::result::Result<(), String> {
+        Err(
+            "an image folder in an object store would be read one GET per image, and is not read \
+             in this release: pack it into WebDataset shards (tar files), read a shard part per \
+             GET"
+            .into(),
+        )
+    }
+
     fn recognizes(&self, path: &Path) -> bool {
         path.is_dir()
     }

@@ -52,6 +52,14 @@ impl Format for Lmdb {
         "lmdb"
     }
 
+    fn reads_objects(&self) -> std::result::Result<(), String> {
+        Err(
+            "LMDB is read by mapping its data.mdb, and an object cannot be mapped: keep it on a \
+             local or shared filesystem"
+                .into(),
+        )
+    }
+
     fn recognizes(&self, path: &Path) -> bool {
         (path.is_dir() && path.join("data.mdb").is_file())
             || (path.is_file() && path.extension().is_some_and(|e| e == "mdb"))

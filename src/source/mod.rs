@@ -5,6 +5,7 @@
 //! name, how it recognises a path, the keys of its table, its defaults and its open. Nothing
 //! else in the daemon names a kind.
 
+mod blob;
 mod files;
 mod hdf5;
 mod hf;
@@ -15,6 +16,7 @@ mod owner;
 mod parquet;
 mod webdataset;
 
+pub use self::blob::Blob;
 pub use self::files::{file_version, read_capped, Stamp};
 pub use self::hdf5::{write_hdf5, Hdf5Field, Hdf5Source, MAX_GRANULE};
 pub use self::images::{ImageField, ImageFolderSource};
@@ -57,6 +59,14 @@ pub trait Format: Sync {
     fn default_train_crop(&self) -> TrainCrop;
     /// Opens the dataset (with its owner's rights: see `open`).
     fn open(&self, c: &DatasetConfig, limits: &Limits) -> Result<Opened>;
+    /// Whether its datasets may be in an object store (`s3://...`), read in byte ranges
+    /// through [`Blob`]; Err says why not.
+    fn reads_objects(&self) -> std::result::Result<(), String> {
+        Err(format!(
+            "kind {} reads local files only (a local or shared filesystem: NFS, Lustre)",
+            self.name()
+        ))
+    }
 }
 
 /// The format named `kind`.
@@ -80,6 +90,18 @@ pub fn kinds() -> Vec<&'static str> {
 
 /// The format that recognises `path` (looked at with this thread's rights).
 pub fn recognize(path: &Path) -> Result<&'static dyn Format> {
+    if crate::objects::is_url(path) {
+        bail!(
+            "{}: give `kind` for a dataset in an object store (one of: {})",
+            path.display(),
+            FORMATS
+                .iter()
+                .filter(|f| f.reads_objects().is_ok())
+                .map(|f| f.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     match std::fs::metadata(path) {
         Err(e) => bail!("{}: {e}", path.display()),
         Ok(_) => FORMATS
@@ -159,6 +181,15 @@ pub fn check_with(format: &dyn Format, c: &DatasetConfig) -> Result<()> {
     c.validate()?;
     let crop = c.crop_size(format.default_crop());
     let context = || format!("dataset {:?} (kind {})", c.name, format.name());
+    if crate::objects::is_url(&c.path) {
+        if let Err(why) = format.reads_objects() {
+            bail!(
+                "dataset {:?}: {} is in an object store: {why}",
+                c.name,
+                c.path.display()
+            );
+        }
+    }
     if c.crop_pct.is_some() && crop.is_none() {
         bail!("dataset {:?}: crop_pct needs a crop", c.name);
     }

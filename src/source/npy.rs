@@ -8,13 +8,12 @@
 //! fast. Compressed members (`savez_compressed`) are inflated once, at open, into the reader's
 //! memory, within `limits.max_inflated_bytes`; the tiers keep their rows from there.
 
-use super::{file_version, Format, Opened, Provenance, RawSample, RawSource, Stamp};
+use super::{Blob, Format, Opened, Provenance, RawSample, RawSource};
 use crate::config::keys::keys_of;
 use crate::config::{DatasetConfig, FieldConfig, Limits, TrainCrop};
 use crate::fields::{DType, FieldSpec, Schema, Value};
 use crate::pipeline::Preprocess;
 use anyhow::{bail, ensure, Context, Result};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -45,6 +44,10 @@ const GRANULE_BYTES: u64 = 1 << 20;
 impl Format for Npy {
     fn name(&self) -> &'static str {
         "npy"
+    }
+
+    fn reads_objects(&self) -> std::result::Result<(), String> {
+        Ok(())
     }
 
     fn recognizes(&self, path: &Path) -> bool {
@@ -235,7 +238,7 @@ fn dtype_of(descr: &str) -> Result<(DType, bool)> {
 /// Where one field's rows are.
 enum Rows {
     /// In a file, from this byte offset.
-    File { file: std::fs::File, offset: u64 },
+    File { file: Arc<Blob>, offset: u64 },
     /// Inflated at open (a compressed `.npz` member).
     Memory(Arc<[u8]>),
 }
@@ -273,7 +276,7 @@ pub struct NpySource {
     len: u64,
     granule: u64,
     /// Each file read, as opened: a read from one that changed since is refused.
-    stamps: Vec<(PathBuf, Stamp)>,
+    blobs: Vec<Arc<Blob>>,
     files: Arc<[PathBuf]>,
 }
 
@@ -281,7 +284,7 @@ pub struct NpySource {
 /// are stored.
 struct Found {
     name: String,
-    file: PathBuf,
+    file: Arc<Blob>,
     /// Offset of the .npy bytes in the file (0 for a .npy file).
     at: u64,
     /// A compressed member: (compressed bytes, inflated size).
@@ -292,40 +295,49 @@ impl NpySource {
     /// Opens the arrays at `path` (a folder of .npy files, a .npy file or a .npz archive) named
     /// by `wanted` (field, array name); every array when `wanted` is empty.
     pub fn open(path: &Path, wanted: &[(FieldConfig, String)]) -> Result<NpySource> {
-        let found = if path.is_dir() {
-            let mut found = vec![];
+        let is_npy = |p: &Path| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("npy"));
+        let stem = |p: &Path| p.file_stem().unwrap_or_default().to_string_lossy().into();
+        let whole = |file: Blob| Found {
+            name: stem(&file.path()),
+            file: Arc::new(file),
+            at: 0,
+            deflated: None,
+        };
+        let found = if crate::objects::is_url(path) {
+            // One object, or the .npy objects right under the prefix.
+            let listed = Blob::list(path)?;
+            match &listed[..] {
+                [one] if one.path() == path => match path
+                    .extension()
+                    .is_some_and(|e| e.eq_ignore_ascii_case("npz"))
+                {
+                    true => zip_members(Arc::new(listed.into_iter().next().unwrap()))?,
+                    false => listed.into_iter().map(whole).collect(),
+                },
+                _ => listed
+                    .into_iter()
+                    .filter(|b| is_npy(&b.path()) && b.path().parent() == Some(path))
+                    .map(whole)
+                    .collect(),
+            }
+        } else if path.is_dir() {
             let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
                 .with_context(|| format!("reading folder {}", path.display()))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("npy")))
+                .filter(|p| is_npy(p))
                 .collect();
             entries.sort();
-            for p in entries {
-                let name = p.file_stem().unwrap_or_default().to_string_lossy().into();
-                found.push(Found {
-                    name,
-                    file: p,
-                    at: 0,
-                    deflated: None,
-                });
-            }
-            found
+            entries
+                .iter()
+                .map(|p| Blob::open(p).map(whole))
+                .collect::<Result<_>>()?
         } else if path
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("npz"))
         {
-            zip_members(path)?
+            zip_members(Arc::new(Blob::open(path)?))?
         } else {
-            vec![Found {
-                name: path
-                    .file_stem()
-                    .unwrap_or_default()
-                    .to_string_lossy()
-                    .into(),
-                file: path.to_path_buf(),
-                at: 0,
-                deflated: None,
-            }]
+            vec![whole(Blob::open(path)?)]
         };
         ensure!(!found.is_empty(), "{}: no .npy arrays", path.display());
         let chosen: Vec<(String, &Found)> = if wanted.is_empty() {
@@ -353,33 +365,28 @@ impl NpySource {
         let mut inflated_total = 0u64;
         let mut fields = vec![];
         let mut specs = vec![];
-        let mut stamps: Vec<(PathBuf, Stamp)> = vec![];
+        let mut blobs: Vec<Arc<Blob>> = vec![];
         let mut len: Option<(u64, String)> = None;
         for (name, a) in chosen {
-            let origin = if a.file == path && a.at > 0 || a.deflated.is_some() {
+            let file = a.file.clone();
+            let origin = if a.at > 0 || a.deflated.is_some() {
                 format!("{}:{}", path.display(), a.name)
             } else {
-                a.file.display().to_string()
+                file.path().display().to_string()
             };
-            let file = crate::access::open_no_magiclinks(&a.file, libc::O_NONBLOCK)
-                .with_context(|| format!("opening {}", a.file.display()))?;
-            let meta = file.metadata()?;
-            ensure!(meta.is_file(), "{} is not a regular file", a.file.display());
-            if !stamps.iter().any(|(p, _)| p == &a.file) {
-                stamps.push((a.file.clone(), Stamp::of_metadata(&meta)));
+            if !blobs.iter().any(|b| Arc::ptr_eq(b, &file)) {
+                blobs.push(file.clone());
             }
             let (header, rows, stored) = match a.deflated {
                 None => {
-                    let mut head = vec![0u8; 65536 + 12];
-                    let got = read_some_at(&file, &mut head, a.at)?;
-                    head.truncate(got);
+                    let mut head =
+                        vec![0u8; (65536 + 12).min(file.len().saturating_sub(a.at)) as usize];
+                    file.read_exact_at(&mut head, a.at)
+                        .with_context(|| format!("reading {origin}"))?;
                     let header = Header::parse(&head).with_context(|| origin.clone())?;
                     let offset = a.at + header.data_offset;
-                    (
-                        header,
-                        Rows::File { file, offset },
-                        meta.len().saturating_sub(offset),
-                    )
+                    let stored = file.len().saturating_sub(offset);
+                    (header, Rows::File { file, offset }, stored)
                 }
                 Some((compressed, size)) => {
                     inflated_total = inflated_total.saturating_add(size);
@@ -427,7 +434,9 @@ impl NpySource {
         let row: u64 = fields.iter().map(|f| f.row_bytes).sum();
         let granule = (GRANULE_BYTES / row.max(1)).clamp(1, super::MAX_GRANULE);
         let mut files: Vec<PathBuf> = vec![path.to_path_buf()];
-        files.extend(stamps.iter().map(|(p, _)| p.clone()));
+        if !crate::objects::is_url(path) {
+            files.extend(blobs.iter().map(|b| b.path()));
+        }
         files.dedup();
         Ok(NpySource {
             path: path.to_path_buf(),
@@ -435,26 +444,14 @@ impl NpySource {
             specs,
             len,
             granule,
-            stamps,
+            blobs,
             files: files.into(),
         })
     }
 }
 
-/// Reads what there is at `at`, up to `buf`'s length.
-fn read_some_at(file: &std::fs::File, buf: &mut [u8], at: u64) -> Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match file.read_at(&mut buf[got..], at + got as u64)? {
-            0 => break,
-            n => got += n,
-        }
-    }
-    Ok(got)
-}
-
 /// A compressed member's bytes, inflated: exactly `size` of them, or an error.
-fn inflate(file: &std::fs::File, at: u64, compressed: u64, size: u64) -> Result<Vec<u8>> {
+fn inflate(file: &Blob, at: u64, compressed: u64, size: u64) -> Result<Vec<u8>> {
     use std::io::Read;
     let mut raw = vec![0u8; usize::try_from(compressed)?];
     file.read_exact_at(&mut raw, at)?;
@@ -494,12 +491,11 @@ fn le64(b: &[u8], at: usize) -> Result<u64> {
     ))
 }
 
-/// The `.npy` members of the zip archive at `path` (what `np.savez` writes): each one's name
+/// The `.npy` members of the zip archive `file` (what `np.savez` writes): each one's name
 /// (without `.npy`), and where its bytes start.
-fn zip_members(path: &Path) -> Result<Vec<Found>> {
-    let file = crate::access::open_no_magiclinks(path, libc::O_NONBLOCK)
-        .with_context(|| format!("opening {}", path.display()))?;
-    let size = file.metadata()?.len();
+fn zip_members(file: Arc<Blob>) -> Result<Vec<Found>> {
+    let path = file.path();
+    let size = file.len();
     // The end-of-central-directory record: in the last 64 KiB + 22 bytes (its comment).
     let tail_len = size.min(65536 + 22);
     let mut tail = vec![0u8; tail_len as usize];
@@ -592,7 +588,7 @@ fn zip_members(path: &Path) -> Result<Vec<Found>> {
         };
         out.push(Found {
             name: stem.to_string(),
-            file: path.to_path_buf(),
+            file: file.clone(),
             at,
             deflated,
         });
@@ -651,13 +647,13 @@ impl RawSource for NpySource {
 
 impl Provenance for NpySource {
     fn version(&self) -> String {
-        let mut v: Vec<String> = self.stamps.iter().map(|(p, _)| file_version(p)).collect();
+        let mut v: Vec<String> = self.blobs.iter().map(|b| b.version()).collect();
         v.extend(self.fields.iter().map(|f| f.origin.clone()));
         v.join("|")
     }
 
     fn changed(&self) -> Option<String> {
-        self.stamps.iter().find_map(|(p, s)| s.changed(p))
+        self.blobs.iter().find_map(|b| b.changed())
     }
 
     fn files(&self) -> Arc<[PathBuf]> {

@@ -10,7 +10,7 @@
 //! (at most `MAX_GRANULE` rows of it) at a time.
 
 use super::hf::{columns_of, opened, value_of, Column, Kind};
-use super::{file_version, Format, Opened, Provenance, RawSample, RawSource, Stamp};
+use super::{Blob, Format, Opened, Provenance, RawSample, RawSource};
 use crate::config::keys::keys_of;
 use crate::config::{DatasetConfig, Limits, TrainCrop};
 use anyhow::{ensure, Context, Result};
@@ -33,6 +33,10 @@ struct DatasetKeys {}
 impl Format for Parquet {
     fn name(&self) -> &'static str {
         "parquet"
+    }
+
+    fn reads_objects(&self) -> std::result::Result<(), String> {
+        Ok(())
     }
 
     fn recognizes(&self, path: &Path) -> bool {
@@ -85,16 +89,34 @@ fn matches(pattern: &str, name: &str) -> bool {
 }
 
 /// The `.parquet` files at `path` (a file, a folder walked whole, or a glob in the last part of
-/// the path), sorted.
-fn parquet_files(path: &Path) -> Result<Vec<PathBuf>> {
+/// the path; or the same of objects), opened and sorted.
+fn parquet_files(path: &Path) -> Result<Vec<Blob>> {
     let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let is_parquet = |p: &Path| {
+        p.extension()
+            .is_some_and(|x| x.eq_ignore_ascii_case("parquet"))
+    };
     let mut files = vec![];
-    if name.contains('*') {
+    if crate::objects::is_url(path) {
+        let (at, glob) = match name.contains('*') {
+            true => (path.parent().unwrap_or(path), Some(name.as_ref())),
+            false => (path, None),
+        };
+        for blob in Blob::list(at)? {
+            let wanted = match glob {
+                Some(g) => matches(g, &blob.name()) && blob.path().parent() == Some(at),
+                None => is_parquet(&blob.path()) || blob.path() == path,
+            };
+            if wanted {
+                files.push(blob);
+            }
+        }
+    } else if name.contains('*') {
         let dir = path.parent().unwrap_or(Path::new("."));
         for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
             let p = e?.path();
             if p.is_file() && matches(&name, &p.file_name().unwrap_or_default().to_string_lossy()) {
-                files.push(p);
+                files.push(Blob::open(&p)?);
             }
         }
     } else if path.is_dir() {
@@ -105,35 +127,31 @@ fn parquet_files(path: &Path) -> Result<Vec<PathBuf>> {
                 let p = e.path();
                 if e.file_type()?.is_dir() {
                     dirs.push(p);
-                } else if p
-                    .extension()
-                    .is_some_and(|x| x.eq_ignore_ascii_case("parquet"))
-                {
-                    files.push(p);
+                } else if is_parquet(&p) {
+                    files.push(Blob::open(&p)?);
                 }
             }
             ensure!(files.len() <= 1 << 20, "over a million files");
         }
     } else {
-        files.push(path.to_path_buf());
+        files.push(Blob::open(path)?);
     }
-    files.sort();
+    files.sort_by_key(Blob::path);
     ensure!(!files.is_empty(), "{}: no .parquet files", path.display());
     Ok(files)
 }
 
-/// A file read by position (`pread`), so that readers on several threads share no offset (a
-/// cloned descriptor shares its file position: two threads seeking it would read each other's
-/// bytes).
+/// A file read by position (`pread`, or a ranged GET), so that readers on several threads
+/// share no offset (a cloned descriptor shares its file position: two threads seeking it
+/// would read each other's bytes).
 #[derive(Clone)]
-struct At(Arc<std::fs::File>);
+struct At(Arc<Blob>);
 
 /// A reader of `At` from a position on.
-struct AtFrom(Arc<std::fs::File>, u64);
+struct AtFrom(Arc<Blob>, u64);
 
 impl std::io::Read for AtFrom {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        use std::os::unix::fs::FileExt;
         let n = self.0.read_at(buf, self.1)?;
         self.1 += n as u64;
         Ok(n)
@@ -142,7 +160,7 @@ impl std::io::Read for AtFrom {
 
 impl parquet::file::reader::Length for At {
     fn len(&self) -> u64 {
-        self.0.metadata().map_or(0, |m| m.len())
+        self.0.len()
     }
 }
 
@@ -154,7 +172,6 @@ impl parquet::file::reader::ChunkReader for At {
     }
 
     fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<bytes::Bytes> {
-        use std::os::unix::fs::FileExt;
         let mut buf = vec![0u8; length];
         self.0
             .read_exact_at(&mut buf, start)
@@ -176,7 +193,6 @@ struct File {
     path: PathBuf,
     file: At,
     meta: ArrowReaderMetadata,
-    stamp: Stamp,
 }
 
 pub struct ParquetSource {
@@ -195,16 +211,13 @@ pub struct ParquetSource {
 
 impl ParquetSource {
     fn open(path: &Path, wanted: &[(crate::config::FieldConfig, String)]) -> Result<ParquetSource> {
-        let paths = parquet_files(path)?;
+        let blobs = parquet_files(path)?;
+        let paths: Vec<PathBuf> = blobs.iter().map(Blob::path).collect();
         let mut files = vec![];
         let mut groups = vec![];
         let mut len = 0u64;
-        for (k, p) in paths.iter().enumerate() {
-            let file = crate::access::open_no_magiclinks(p, libc::O_NONBLOCK)
-                .with_context(|| format!("opening {}", p.display()))?;
-            let m = file.metadata()?;
-            ensure!(m.is_file(), "{} is not a regular file", p.display());
-            let file = At(Arc::new(file));
+        for (k, (p, blob)) in paths.iter().zip(blobs).enumerate() {
+            let file = At(Arc::new(blob));
             let meta = ArrowReaderMetadata::load(
                 &file,
                 ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional),
@@ -236,7 +249,6 @@ impl ParquetSource {
                 path: p.clone(),
                 file,
                 meta,
-                stamp: Stamp::of_metadata(&m),
             });
         }
         let schema = files[0].meta.schema().clone();
@@ -260,7 +272,9 @@ impl ParquetSource {
             path.to_path_buf()
         };
         let mut access = vec![root.clone()];
-        access.extend(paths.iter().cloned());
+        if !crate::objects::is_url(path) {
+            access.extend(paths.iter().cloned());
+        }
         access.dedup();
         Ok(ParquetSource {
             path: path.to_path_buf(),
@@ -388,12 +402,12 @@ impl RawSource for ParquetSource {
 
 impl Provenance for ParquetSource {
     fn version(&self) -> String {
-        let v: Vec<String> = self.files.iter().map(|f| file_version(&f.path)).collect();
+        let v: Vec<String> = self.files.iter().map(|f| f.file.0.version()).collect();
         v.join("|")
     }
 
     fn changed(&self) -> Option<String> {
-        self.files.iter().find_map(|f| f.stamp.changed(&f.path))
+        self.files.iter().find_map(|f| f.file.0.changed())
     }
 
     fn files(&self) -> Arc<[PathBuf]> {

@@ -14,13 +14,12 @@
 //! the cut, and says where it was cut.
 
 use super::npy::Header;
-use super::{file_version, Format, Opened, Provenance, RawSample, RawSource, Stamp};
+use super::{Blob, Format, Opened, Provenance, RawSample, RawSource};
 use crate::config::keys::keys_of;
 use crate::config::{DatasetConfig, ImageMode, Limits, TrainCrop};
 use crate::fields::{FieldSpec, Resample, Schema, Value};
 use crate::pipeline::{FieldOp, Parse, Preprocess};
-use anyhow::{bail, ensure, Context, Result};
-use std::os::unix::fs::FileExt;
+use anyhow::{ensure, Context, Result};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -60,6 +59,10 @@ fn kind_of(ext: &str) -> Option<Kind> {
 impl Format for WebDataset {
     fn name(&self) -> &'static str {
         "webdataset"
+    }
+
+    fn reads_objects(&self) -> std::result::Result<(), String> {
+        Ok(())
     }
 
     fn recognizes(&self, path: &Path) -> bool {
@@ -166,14 +169,49 @@ fn expand_braces(pattern: &str) -> Result<Option<Vec<String>>> {
     ))
 }
 
-/// The shards at `path`: a brace pattern, a folder's `.tar` files, or one file; sorted.
-fn shards(path: &Path) -> Result<Vec<PathBuf>> {
+/// Refuses a compressed shard by its name.
+fn not_compressed(name: &str) -> Result<()> {
+    let lower = name.to_lowercase();
+    ensure!(
+        !(lower.ends_with(".tar.gz") || lower.ends_with(".tgz")),
+        "{name} is compressed: larder reads uncompressed shards (members read by position); \
+         unpack it with gunzip"
+    );
+    Ok(())
+}
+
+/// The shards at `path`, opened: a brace pattern, a folder's (or prefix's) `.tar` files, or
+/// one file (or object); sorted.
+fn shards(path: &Path) -> Result<Vec<Blob>> {
     let text = path.to_string_lossy();
+    let remote = crate::objects::is_url(path);
+    let one = |name: &Path| -> Result<Blob> {
+        not_compressed(&name.to_string_lossy())?;
+        if !remote {
+            return Blob::open(name);
+        }
+        let mut listed = Blob::list(name)?;
+        ensure!(
+            listed.len() == 1 && listed[0].path() == name,
+            "{}: no such object",
+            name.display()
+        );
+        Ok(listed.remove(0))
+    };
     if let Some(names) = expand_braces(&text)? {
-        return Ok(names.into_iter().map(PathBuf::from).collect());
+        return names.iter().map(|n| one(Path::new(n))).collect();
     }
     let mut out = vec![];
-    if path.is_dir() {
+    if remote {
+        for blob in Blob::list(path)? {
+            let name = blob.name();
+            if name.to_lowercase().ends_with(".tar") {
+                out.push(blob);
+            } else {
+                not_compressed(&blob.path().to_string_lossy())?;
+            }
+        }
+    } else if path.is_dir() {
         for e in std::fs::read_dir(path).with_context(|| format!("reading {}", path.display()))? {
             let p = e?.path();
             let name = p
@@ -182,25 +220,15 @@ fn shards(path: &Path) -> Result<Vec<PathBuf>> {
                 .to_string_lossy()
                 .to_lowercase();
             if name.ends_with(".tar") {
-                out.push(p);
-            } else if name.ends_with(".tar.gz") || name.ends_with(".tgz") {
-                bail!(
-                    "{} is compressed: larder reads uncompressed shards (members read by \
-                     position); unpack it with gunzip",
-                    p.display()
-                );
+                out.push(Blob::open(&p)?);
+            } else {
+                not_compressed(&p.to_string_lossy())?;
             }
         }
     } else {
-        let name = text.to_lowercase();
-        ensure!(
-            !(name.ends_with(".tar.gz") || name.ends_with(".tgz")),
-            "{} is compressed: larder reads uncompressed shards; unpack it with gunzip",
-            path.display()
-        );
-        out.push(path.to_path_buf());
+        out.push(one(path)?);
     }
-    out.sort();
+    out.sort_by_key(|b| b.path());
     ensure!(!out.is_empty(), "{}: no .tar shards", path.display());
     Ok(out)
 }
@@ -238,20 +266,64 @@ fn text_of(field: &[u8]) -> String {
     String::from_utf8_lossy(&field[..end]).into_owned()
 }
 
+/// Each shard's members, read a few shards at once (an object store answers each read after
+/// a round trip; a local disk does not mind).
+fn scan(shards: &[Blob]) -> Vec<Result<(Vec<Member>, Option<String>)>> {
+    const AT_ONCE: usize = 8;
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let out: Vec<std::sync::Mutex<Option<Result<_>>>> =
+        shards.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..AT_ONCE.min(shards.len()) {
+            scope.spawn(|| loop {
+                let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(shard) = shards.get(k) else { return };
+                let listed = members(shard, shard.len());
+                *out[k].lock().unwrap_or_else(|e| e.into_inner()) = Some(listed);
+            });
+        }
+    });
+    out.into_iter()
+        .map(|m| {
+            m.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .unwrap_or_else(|| Err(anyhow::anyhow!("not read")))
+        })
+        .collect()
+}
+
+/// Bytes read at a time while a shard's headers are read.
+const HEADER_WINDOW: u64 = 4096;
+
 /// The regular-file members of the tar `file` (of `size` bytes), and where it was cut short,
 /// if it was.
-fn members(file: &std::fs::File, size: u64) -> Result<(Vec<Member>, Option<String>)> {
+fn members(file: &Blob, size: u64) -> Result<(Vec<Member>, Option<String>)> {
     let mut out = vec![];
     let mut at = 0u64;
     let (mut long_name, mut pax_path): (Option<String>, Option<String>) = (None, None);
     let mut pax_size: Option<u64> = None;
     let mut header = [0u8; 512];
+    // Headers are read a window at a time: a small member's header, its data and the next
+    // header come in one read (one GET for an object), a large member's data is skipped.
+    let mut window: (u64, Vec<u8>) = (0, vec![]);
     loop {
         if at + 512 > size {
             let cut = (at < size).then(|| format!("cut short in a header at byte {at}"));
             return Ok((out, cut));
         }
-        file.read_exact_at(&mut header, at)?;
+        let (from, bytes) = &window;
+        match at
+            .checked_sub(*from)
+            .and_then(|a| bytes.get(a as usize..a as usize + 512))
+        {
+            Some(h) => header.copy_from_slice(h),
+            None => {
+                let mut bytes = vec![0u8; HEADER_WINDOW.min(size - at) as usize];
+                file.read_exact_at(&mut bytes, at)?;
+                header.copy_from_slice(&bytes[..512]);
+                window = (at, bytes);
+            }
+        }
         if header.iter().all(|&b| b == 0) {
             return Ok((out, None));
         }
@@ -369,7 +441,7 @@ struct Sample {
 pub struct WdsSource {
     path: PathBuf,
     root: PathBuf,
-    shards: Vec<(PathBuf, std::fs::File, Stamp)>,
+    shards: Vec<Blob>,
     fields: Vec<Field>,
     samples: Vec<Sample>,
     access: Arc<[PathBuf]>,
@@ -411,18 +483,13 @@ fn granule_of(counts: &[u64], bytes: u64) -> u64 {
 
 impl WdsSource {
     fn open(path: &Path, wanted: &[(String, String, Option<ImageMode>)]) -> Result<WdsSource> {
-        let paths = shards(path)?;
-        let mut shards = vec![];
+        let shards = shards(path)?;
         // Each shard's samples: shard, key, then (extension, at, size) of its members.
         let mut grouped: Vec<(usize, String, Vec<Placed>)> = vec![];
         let mut cut = vec![];
-        for (k, p) in paths.iter().enumerate() {
-            let file = crate::access::open_no_magiclinks(p, libc::O_NONBLOCK)
-                .with_context(|| format!("opening {}", p.display()))?;
-            let m = file.metadata()?;
-            ensure!(m.is_file(), "{} is not a regular file", p.display());
-            let (members, cut_at) =
-                members(&file, m.len()).with_context(|| format!("reading {}", p.display()))?;
+        for (k, (shard, listed)) in shards.iter().zip(scan(&shards)).enumerate() {
+            let p = shard.path();
+            let (members, cut_at) = listed.with_context(|| format!("reading {}", p.display()))?;
             let first_of_shard = grouped.len();
             for member in members {
                 let Some((key, ext)) = key_and_ext(&member.name) else {
@@ -443,7 +510,6 @@ impl WdsSource {
                 tracing::warn!(shard = %p.display(), "{why}: its complete samples are served");
                 cut.push(format!("{}: {why}", p.display()));
             }
-            shards.push((p.clone(), file, Stamp::of_metadata(&m)));
         }
         ensure!(
             !grouped.is_empty(),
@@ -515,7 +581,7 @@ impl WdsSource {
                     .context("an array field no sample has")?;
                 let (at, size) = s.members[k].unwrap_or_default();
                 let mut head = vec![0u8; size.min(65536 + 12) as usize];
-                shards[s.shard].1.read_exact_at(&mut head, at)?;
+                shards[s.shard].read_exact_at(&mut head, at)?;
                 f.header =
                     Some(Header::parse(&head).with_context(|| format!("{}.{}", s.key, f.ext))?);
             }
@@ -526,7 +592,9 @@ impl WdsSource {
             path.to_path_buf()
         };
         let mut access = vec![root.clone()];
-        access.extend(paths.iter().cloned());
+        if !crate::objects::is_url(path) {
+            access.extend(shards.iter().map(Blob::path));
+        }
         access.dedup();
         let mut counts = vec![0u64; shards.len()];
         for s in &samples {
@@ -567,7 +635,7 @@ impl WdsSource {
         }
         let mut data = vec![0u8; (to - from) as usize];
         // Any failure (a shard cut since): each sample read alone says what it is.
-        self.shards[shard].1.read_exact_at(&mut data, from).ok()?;
+        self.shards[shard].read_exact_at(&mut data, from).ok()?;
         Some((shard, from, data))
     }
 
@@ -590,7 +658,7 @@ impl WdsSource {
             Some(bytes) => bytes.to_vec(),
             None => {
                 let mut data = vec![0u8; size as usize];
-                self.shards[s.shard].1.read_exact_at(&mut data, at)?;
+                self.shards[s.shard].read_exact_at(&mut data, at)?;
                 data
             }
         };
@@ -631,7 +699,11 @@ impl RawSource for WdsSource {
                     .map(|k| self.value(s, k, span.as_ref()))
                     .collect::<Result<RawSample>>()
                     .with_context(|| {
-                        format!("sample {:?} of {}", s.key, self.shards[s.shard].0.display())
+                        format!(
+                            "sample {:?} of {}",
+                            s.key,
+                            self.shards[s.shard].path().display()
+                        )
                     })
             })
             .collect::<Result<Vec<_>>>()
@@ -674,23 +746,19 @@ impl RawSource for WdsSource {
     fn sample_name(&self, index: u64) -> String {
         self.samples.get(index as usize).map_or_else(
             || format!("sample {index}"),
-            |s| format!("{} of {}", s.key, self.shards[s.shard].0.display()),
+            |s| format!("{} of {}", s.key, self.shards[s.shard].path().display()),
         )
     }
 }
 
 impl Provenance for WdsSource {
     fn version(&self) -> String {
-        let v: Vec<String> = self
-            .shards
-            .iter()
-            .map(|(p, _, _)| file_version(p))
-            .collect();
+        let v: Vec<String> = self.shards.iter().map(Blob::version).collect();
         v.join("|")
     }
 
     fn changed(&self) -> Option<String> {
-        self.shards.iter().find_map(|(p, _, s)| s.changed(p))
+        self.shards.iter().find_map(Blob::changed)
     }
 
     fn files(&self) -> Arc<[PathBuf]> {

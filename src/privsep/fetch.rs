@@ -1,0 +1,196 @@
+//! A reader's way to objects: it has no network and no credentials, so it asks the serving
+//! daemon, on a socket of its own beside its requests' socket, to list objects and to GET byte
+//! ranges of them. The daemon answers only within the dataset's location (a reader taken over
+//! by a crafted file reaches no other bucket or prefix through the daemon's credentials) and
+//! only up to `objects::MOST_GET_BYTES` a request. The bytes come back in a sealed memfd.
+//!
+//! Requests (kind, then payload): `LIST` bucket, key; `GET` bucket, key, size, ETag, offset,
+//! length. An error is `FAILED`: whether the object changed, then why.
+
+use super::wire::{self, Writer};
+use crate::error::Kind;
+use crate::objects::{Fetch, Location, Object, MOST_GET_BYTES};
+use anyhow::{bail, ensure, Context, Result};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+const LIST: u8 = 1;
+const GET: u8 = 2;
+const FAILED: u8 = 255;
+
+/// What a `FAILED` answer says of the failure: the object changed, the store did not answer,
+/// or else.
+const CHANGED: u8 = 1;
+const UNAVAILABLE: u8 = 2;
+
+/// The most bytes of a listing's answer.
+const MOST_LIST_BYTES: u64 = 2 << 30;
+
+/// The reader's end: one request at a time (the reader's threads take turns).
+pub struct Channel {
+    sock: Mutex<OwnedFd>,
+    next: AtomicU64,
+}
+
+impl Channel {
+    pub fn new(sock: OwnedFd) -> Channel {
+        Channel {
+            sock: Mutex::new(sock),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    /// Sends a request and waits for its answer: the answer's memfd, or the daemon's error.
+    fn call(&self, kind: u8, payload: &[u8], max: u64) -> Result<Option<memmap2::Mmap>> {
+        let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
+        let id = self.next.fetch_add(1, Relaxed);
+        wire::send(sock.as_raw_fd(), kind, id, payload, None)?;
+        let m = wire::recv(sock.as_raw_fd())?.context("the daemon closed the objects' channel")?;
+        ensure!(m.id == id, "an answer to request {} for {id}", m.id);
+        if m.kind == FAILED {
+            let mut r = wire::Reader::new(&m.payload);
+            let kind = match r.u8()? {
+                CHANGED => Kind::Changed,
+                UNAVAILABLE => Kind::Reader,
+                _ => Kind::SourceIo,
+            };
+            let why = r.str()?.to_string();
+            return Err(crate::error::Error::new(kind, why).into());
+        }
+        ensure!(
+            m.kind == kind,
+            "an answer of kind {} to kind {kind}",
+            m.kind
+        );
+        match &m.fd {
+            Some(fd) => wire::map_sealed(fd, max),
+            None => Ok(None),
+        }
+    }
+}
+
+fn write_object(w: &mut Writer, o: &Object) {
+    w.str(&o.key).u64(o.size);
+    match &o.etag {
+        Some(e) => w.u8(1).str(e),
+        None => w.u8(0),
+    };
+}
+
+fn read_object(r: &mut wire::Reader, bucket: &str) -> Result<Object> {
+    let key = r.str()?.to_string();
+    let size = r.u64()?;
+    let etag = match r.u8()? {
+        1 => Some(r.str()?.to_string()),
+        _ => None,
+    };
+    Ok(Object {
+        bucket: bucket.to_string(),
+        key,
+        size,
+        etag,
+    })
+}
+
+impl Fetch for Channel {
+    fn list(&self, at: &Location) -> Result<Vec<Object>> {
+        let mut w = Writer::default();
+        w.str(&at.bucket).str(&at.key);
+        let map = self.call(LIST, &w.0, MOST_LIST_BYTES)?;
+        let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
+        let mut r = wire::Reader::new(bytes);
+        let n = r.count(13)?;
+        let out = (0..n)
+            .map(|_| read_object(&mut r, &at.bucket))
+            .collect::<Result<Vec<_>>>()?;
+        r.end()?;
+        Ok(out)
+    }
+
+    fn get(&self, object: &Object, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let mut w = Writer::default();
+        w.str(&object.bucket);
+        write_object(&mut w, object);
+        w.u64(offset).u64(len);
+        ensure!(len <= MOST_GET_BYTES, "a read of {len} bytes");
+        let map = self.call(GET, &w.0, len)?;
+        let bytes = map.as_deref().unwrap_or(&[]);
+        ensure!(
+            bytes.len() as u64 == len,
+            "the daemon sent {} bytes of {} for {len}",
+            bytes.len(),
+            object.url()
+        );
+        Ok(bytes.to_vec())
+    }
+}
+
+/// The daemon's end of a reader's channel, served on a thread of its own until the reader
+/// closes it: each request checked against `scope` (the dataset's location), then fetched.
+pub fn serve(sock: OwnedFd, scope: Location) -> Result<()> {
+    std::thread::Builder::new()
+        .name("larder-objects".into())
+        .spawn(move || {
+            while let Ok(Some(m)) = wire::recv(sock.as_raw_fd()) {
+                let fd = sock.as_raw_fd();
+                let sent = match answer(&m, &scope) {
+                    Ok(bytes) => wire::sealed_memfd("larder-object", &bytes)
+                        .and_then(|f| wire::send(fd, m.kind, m.id, &[], Some(f.as_raw_fd()))),
+                    Err(e) => {
+                        let kind = match crate::error::Error::kind_of(&e) {
+                            Kind::Changed => CHANGED,
+                            Kind::Reader => UNAVAILABLE,
+                            _ => 0,
+                        };
+                        let mut w = Writer::default();
+                        w.u8(kind).str(&format!("{e:#}"));
+                        wire::send(fd, FAILED, m.id, &w.0, None)
+                    }
+                };
+                if sent.is_err() {
+                    return;
+                }
+            }
+        })
+        .context("starting the thread that serves a reader's objects")?;
+    Ok(())
+}
+
+/// What request `m` asks, fetched, if `scope` holds it.
+fn answer(m: &wire::Message, scope: &Location) -> Result<Vec<u8>> {
+    let mut r = wire::Reader::new(&m.payload);
+    let bucket = r.str()?.to_string();
+    let within = |key: &str| {
+        ensure!(
+            bucket == scope.bucket && scope.holds(key),
+            "s3://{bucket}/{key} is outside the dataset's {}",
+            scope.url_of(&scope.key)
+        );
+        Ok(())
+    };
+    match m.kind {
+        LIST => {
+            let key = r.str()?.to_string();
+            r.end()?;
+            within(&key)?;
+            let at = Location { bucket, key };
+            let mut objects = crate::objects::fetcher().list(&at)?;
+            objects.retain(|o| scope.holds(&o.key));
+            let mut w = Writer::default();
+            w.u32(objects.len() as u32);
+            for o in &objects {
+                write_object(&mut w, o);
+            }
+            Ok(w.0)
+        }
+        GET => {
+            let object = read_object(&mut r, &bucket)?;
+            let (offset, len) = (r.u64()?, r.u64()?);
+            r.end()?;
+            within(&object.key)?;
+            crate::objects::fetcher().get(&object, offset, len)
+        }
+        other => bail!("unknown request {other}"),
+    }
+}

@@ -1,0 +1,150 @@
+//! A source's file, read by position: a local file (opened with this thread's rights, never
+//! through a magic link) or an object in an object store (each read one ranged GET). The
+//! sources whose readers take byte ranges read through this, and so read either.
+
+use super::{file_version, Stamp};
+use crate::objects::{self, Location, Object};
+use anyhow::{ensure, Context, Result};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+pub enum Blob {
+    Local {
+        path: PathBuf,
+        file: std::fs::File,
+        stamp: Stamp,
+    },
+    Object {
+        object: Object,
+        /// Why it no longer reads as listed, once a GET said so.
+        changed: Mutex<Option<String>>,
+    },
+}
+
+impl Blob {
+    /// The regular file at `path`, opened without blocking (a FIFO would wait for a writer).
+    pub fn open(path: &Path) -> Result<Blob> {
+        let file = crate::access::open_no_magiclinks(path, libc::O_NONBLOCK)
+            .with_context(|| format!("opening {}", path.display()))?;
+        let m = file.metadata()?;
+        ensure!(m.is_file(), "{} is not a regular file", path.display());
+        Ok(Blob::Local {
+            path: path.to_path_buf(),
+            file,
+            stamp: Stamp::of_metadata(&m),
+        })
+    }
+
+    /// The objects at `url` (one object, or those under a prefix), sorted by key.
+    pub fn list(url: &Path) -> Result<Vec<Blob>> {
+        let at = Location::parse(url)?;
+        Ok(objects::fetcher()
+            .list(&at)
+            .with_context(|| format!("listing {}", url.display()))?
+            .into_iter()
+            .map(Blob::of_object)
+            .collect())
+    }
+
+    fn of_object(object: Object) -> Blob {
+        Blob::Object {
+            object,
+            changed: Mutex::default(),
+        }
+    }
+
+    /// Its path, or its URL.
+    pub fn path(&self) -> PathBuf {
+        match self {
+            Blob::Local { path, .. } => path.clone(),
+            Blob::Object { object, .. } => PathBuf::from(object.url()),
+        }
+    }
+
+    /// Its name within its folder or prefix.
+    pub fn name(&self) -> String {
+        match self {
+            Blob::Local { path, .. } => path
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+            Blob::Object { object, .. } => object
+                .key
+                .rsplit('/')
+                .next()
+                .unwrap_or_default()
+                .to_string(),
+        }
+    }
+
+    /// Its size when opened or listed.
+    pub fn len(&self) -> u64 {
+        match self {
+            Blob::Local { stamp, .. } => stamp.len(),
+            Blob::Object { object, .. } => object.size,
+        }
+    }
+
+    /// Reads `buf.len()` bytes at `offset`.
+    pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        match self {
+            Blob::Local { file, .. } => file.read_exact_at(buf, offset),
+            Blob::Object { object, changed } => {
+                match objects::fetcher().get(object, offset, buf.len() as u64) {
+                    Ok(bytes) => {
+                        buf.copy_from_slice(&bytes);
+                        Ok(())
+                    }
+                    Err(e) => {
+                        let kind = crate::error::Error::kind_of(&e);
+                        if kind == crate::error::Kind::Changed {
+                            *changed.lock().unwrap_or_else(|e| e.into_inner()) =
+                                Some(format!("{e:#}"));
+                        }
+                        // The kind travels inside: a store that did not answer ends the
+                        // stream rather than costing the sample.
+                        let typed = crate::error::Error::new(kind, format!("{e:#}"));
+                        Err(std::io::Error::other(typed))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads what there is of `buf.len()` bytes at `offset` (fewer at its end).
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        match self {
+            Blob::Local { file, .. } => file.read_at(buf, offset),
+            Blob::Object { .. } => {
+                let n = (buf.len() as u64).min(self.len().saturating_sub(offset)) as usize;
+                self.read_exact_at(&mut buf[..n], offset)?;
+                Ok(n)
+            }
+        }
+    }
+
+    /// Why it no longer reads as it did when opened or listed, if it does not.
+    pub fn changed(&self) -> Option<String> {
+        match self {
+            Blob::Local { path, stamp, .. } => stamp.changed(path),
+            Blob::Object { changed, .. } => {
+                changed.lock().unwrap_or_else(|e| e.into_inner()).clone()
+            }
+        }
+    }
+
+    /// What identifies its contents, as a string (part of the scratch tier's fingerprint).
+    pub fn version(&self) -> String {
+        match self {
+            Blob::Local { path, .. } => file_version(path),
+            Blob::Object { object, .. } => format!(
+                "{}:{}:{}",
+                object.url(),
+                object.size,
+                object.etag.as_deref().unwrap_or("")
+            ),
+        }
+    }
+}
