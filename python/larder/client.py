@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -34,6 +35,13 @@ log = logging.getLogger("larder")
 # unreachable, or went away mid-stream.
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
 
+
+
+def _absolute(path) -> str:
+    """`path` made absolute, but for a URL (s3://...), which goes as written: the daemon says
+    why it reads it or not."""
+    path = os.fspath(path)
+    return path if re.match(r"^[A-Za-z][A-Za-z0-9+]*://", path) else os.path.abspath(path)
 
 class Client:
     """A connection to larderd.
@@ -166,7 +174,7 @@ class Client:
         defaults), ``allow``, ``field`` (a list of dicts)... Returns the dataset as
         :meth:`datasets` lists it (its ``kind`` among the rest); raises :class:`LarderError`
         with why when it does not open."""
-        path = os.path.abspath(os.fspath(path))
+        path = _absolute(path)
         request = pb.AddDatasetRequest(name=name, table=toml_table({"path": path, **table}), replace=replace)
         return self._call(self._stub.AddDataset, request).dataset
 
@@ -174,7 +182,7 @@ class Client:
         """The kind of source the daemon reads `path` as ("hdf5", "images", ...), looked at with
         your rights: what :meth:`add_dataset` makes of it without a ``kind``. Raises
         :class:`LarderError` with the daemon's reason when no kind it reads recognises it."""
-        path = os.path.abspath(os.fspath(path))
+        path = _absolute(path)
         answer = self._call(self._stub.SourceKind, pb.SourceKindRequest(path=path))
         if not answer.kind:
             reason = answer.reason or f"no kind of source recognises {path}"

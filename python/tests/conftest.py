@@ -145,16 +145,17 @@ class Daemon:
     no identity, get only datasets so marked): the tests use both transports."""
 
     def __init__(self, tmp_path: pathlib.Path, datasets: str, extra: str = "", scratch: str = "",
-                 budget_bytes: int = 10_000_000):
+                 budget_bytes: int = 10_000_000, top: str = ""):
         """`extra`: lines for the [memory] table (after its budget_bytes), then any tables;
-        `scratch`: lines for the [scratch] table (its dir is tmp_path/scratch)."""
+        `scratch`: lines for the [scratch] table (its dir is tmp_path/scratch); `top`: top-level
+        keys (`reader_user = ...`)."""
         self.socket = tmp_path / "larder.sock"
         self.address_file = tmp_path / "larderd.address"
         self.address = None  # "http://127.0.0.1:PORT", once started
         self.config = tmp_path / "larder.toml"
         datasets = re.sub(r'(\[\[dataset\]\]\n\s*name = "[^"]*"\n)', r"\1tcp = true\n", datasets)
         self.config.write_text(
-            'listen = "127.0.0.1:0"\n'
+            top + 'listen = "127.0.0.1:0"\n'
             f'unix_socket = "{self.socket}"\n'
             f'state_dir = "{tmp_path / "state"}"\n'
             "[scratch]\n"

@@ -129,7 +129,11 @@ impl AddArgs {
     /// The dataset's table, as the config's [[dataset]] tables are written.
     fn table(&self) -> Result<String> {
         use toml::Value;
-        let path = std::path::absolute(&self.path)?;
+        // A URL goes as written: the daemon says why it does not read it.
+        let path = match larder::objects::scheme_of(&self.path) {
+            Some(_) => self.path.clone(),
+            None => std::path::absolute(&self.path)?,
+        };
         let mut t = toml::Table::new();
         t.insert(
             "path".into(),

