@@ -583,4 +583,29 @@ mod tests {
         assert_eq!(p, missing);
         assert!(unreadable(&p, &e).contains("cannot read"));
     }
+
+    #[test]
+    fn an_object_stores_dataset_is_read_by_those_allow_grants_alone() {
+        let url: Arc<[PathBuf]> = Arc::from(vec![PathBuf::from("s3://data/train")]);
+        let someone = Caller::Local(Arc::new(Identity {
+            uid: 54321,
+            gid: 54321,
+            groups: vec![54321],
+            pid: None,
+        }));
+        let ungranted = Guard {
+            allow: vec![],
+            tcp: false,
+        };
+        let why = check(&ungranted, &someone, &url).unwrap_err();
+        assert!(
+            why.contains("object store") && why.contains("allow"),
+            "{why}"
+        );
+        let granted = Guard {
+            allow: vec![Grant::User(54321)],
+            tcp: false,
+        };
+        assert!(check(&granted, &someone, &url).is_ok());
+    }
 }

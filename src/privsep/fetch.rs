@@ -194,3 +194,62 @@ fn answer(m: &wire::Message, scope: &Location) -> Result<Vec<u8>> {
         other => bail!("unknown request {other}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `answer` says to a request of `kind` with `payload`, for the dataset at `scope`.
+    fn asked(kind: u8, payload: &Writer, scope: &str) -> String {
+        let m = wire::Message {
+            kind,
+            id: 1,
+            payload: payload.0.clone(),
+            fd: None,
+        };
+        let scope = Location::parse(std::path::Path::new(scope)).unwrap();
+        answer(&m, &scope).map_or_else(|e| format!("{e:#}"), |_| "answered".into())
+    }
+
+    #[test]
+    fn a_reader_reaches_no_object_outside_its_dataset() {
+        let get = |bucket: &str, key: &str| {
+            let mut w = Writer::default();
+            w.str(bucket);
+            write_object(
+                &mut w,
+                &Object {
+                    bucket: bucket.into(),
+                    key: key.into(),
+                    size: 10,
+                    etag: None,
+                },
+            );
+            w.u64(0).u64(10);
+            w
+        };
+        let list = |bucket: &str, key: &str| {
+            let mut w = Writer::default();
+            w.str(bucket).str(key);
+            w
+        };
+        for (kind, w) in [
+            (GET, get("other", "train/a.tar")),
+            (GET, get("data", "train2/a.tar")),
+            (GET, get("data", "secrets/key")),
+            (LIST, list("data", "")),
+            (LIST, list("data", "train2")),
+            (LIST, list("other", "train")),
+        ] {
+            let said = asked(kind, &w, "s3://data/train");
+            assert!(
+                said.contains("outside the dataset's s3://data/train"),
+                "{said}"
+            );
+        }
+        // A request cut short, or of no kind, is refused before anything is fetched.
+        let said = asked(GET, &list("data", "train/a.tar"), "s3://data/train");
+        assert!(said.contains("cut short"), "{said}");
+        assert!(asked(9, &list("data", "train"), "s3://data/train").contains("unknown request"));
+    }
+}
