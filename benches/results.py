@@ -362,8 +362,18 @@ def plot_budget(data, ax):
     return "Samples a memory budget holds (3x64x64 uint8 records): slabs against size classes"
 
 
+def plot_objects(data, ax):
+    rows = data["rows"]
+    kinds = [r["format"] for r in rows]
+    _bars(ax, kinds, {"local disk": [r["local_per_s"] for r in rows],
+                      "S3 on loopback (SeaweedFS)": [r["s3_per_s"] for r in rows]})
+    ax.set_ylabel("samples/s, cold epoch (median of rounds)")
+    return "Cold epochs from an object store against the same data on local disk"
+
+
 PLOTS = {
     "budget": plot_budget,
+    "objects": plot_objects,
     "delivery": plot_delivery,
     "images": plot_images,
     "jobs": plot_jobs,

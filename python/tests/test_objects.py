@@ -166,3 +166,32 @@ def test_object_store_datasets_are_the_admins_alone(tmp_path, s3_env):
         Daemon(tmp_path / "bad", '[[dataset]]\nname = "h"\nkind = "hdf5"\npath = "s3://data/x.h5"\n')
     log = (tmp_path / "bad" / "larderd.log").read_text()
     assert "libhdf5" in log and "local or shared filesystem" in log, log[-1500:]
+
+
+def test_a_store_that_stops_answering_ends_the_stream_and_costs_no_sample(tmp_path, monkeypatch):
+    """The store going away mid-epoch is no sample's fault: the stream ends UNAVAILABLE (the
+    client retries, then says so), no sample is counted bad, and once the store is back the
+    epoch reads whole."""
+    w = Weed(tmp_path / "weed")
+    try:
+        for k, v in w.env().items():
+            monkeypatch.setenv(k, v)
+        folder = tmp_path / "arrays"
+        folder.mkdir()
+        np.save(folder / "x.npy", np.arange(64 * 100, dtype=np.uint8).reshape(64, 100))
+        w.upload("data", "down", folder)
+        tables = ('[[dataset]]\nname = "x"\nkind = "npy"\npath = "s3://data/down"\nallow = ["all"]\n'
+                  'on_error = "skip"\n')
+        d = daemon(tmp_path, tables, scratch="enabled = false\n", budget_bytes=2_000)
+        try:
+            w.proc.kill()
+            w.proc.wait()
+            with larder.Client(d.unix, reconnect_timeout=2) as c:
+                with pytest.raises(larder.LarderError) as e:
+                    epoch(c, "x", batch=4)
+                assert "object store did not serve" in str(e.value), e.value
+                assert c.bad_samples("x") == [], "no sample is to blame"
+        finally:
+            d.stop()
+    finally:
+        w.stop()
