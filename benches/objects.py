@@ -8,7 +8,8 @@ objects uploaded with boto3.
 
 Each round starts a daemon with a fresh scratch tier (so every dataset's first epoch is cold,
 each miss reading its granule whole) and, as root, drops the page cache before each epoch (the
-S3 server's volume files included). The same granules either side: the store reads a shard
+S3 server's volume files included). With --reader-user (as the shipped config), readers parse,
+and ask the daemon for their objects on their channels. The same granules either side: the store reads a shard
 part or a block of rows in one ranged GET. Reported: samples/s either side, S3 against local,
 and the bytes the GETs brought per byte of the dataset (its open's listing and headers, and its
 epoch).
@@ -89,6 +90,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--images", type=int, default=1200, help="JPEGs of the webdataset shards")
     p.add_argument("--rows", type=int, default=16000, help="rows of the npy arrays")
+    p.add_argument("--reader-user", metavar="USER",
+                   help="read the datasets in readers as USER (the shipped config's reader_user; root only)")
     p.add_argument("--debug", action="store_true")
     results.add_options(p)
     args = p.parse_args()
@@ -98,6 +101,7 @@ def main() -> int:
     opened = {k: [] for k in KINDS}  # object bytes of the open (listing aside)
     with tempfile.TemporaryDirectory() as tmp:
         root = pathlib.Path(tmp)
+        root.chmod(0o755)  # the local copies, readable by a reader_user
         print(f"making {args.images} JPEGs in WebDataset shards and {args.rows} npy rows...", flush=True)
         make_wds(root, args.images)
         make_npy(root, args.rows)
@@ -116,7 +120,8 @@ def main() -> int:
                              '[[dataset.field]]\nname = "label"\next = "cls"\n') if kind == "webdataset" else ""
                     for where, path in [("local", root / kind), ("s3", f"s3://data/{kind}")]:
                         tables += f'[[dataset]]\nname = "{kind}-{where}"\nkind = "{kind}"\npath = "{path}"\n' + extra
-                config.write_text(f'unix_socket = "{socket}"\n[scratch]\ndir = "{root / f"scratch-{r}"}"\n'
+                top = f'reader_user = "{args.reader_user}"\n' if args.reader_user else ""
+                config.write_text(top + f'unix_socket = "{socket}"\n[scratch]\ndir = "{root / f"scratch-{r}"}"\n'
                                   f'[memory]\nbudget_bytes = 33554432\n' + tables)
                 drop_caches()
                 daemon = subprocess.Popen([larderd, "--config", str(config)], stderr=subprocess.DEVNULL, env=env)

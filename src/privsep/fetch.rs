@@ -11,9 +11,10 @@ use super::wire::{self, Writer};
 use crate::error::Kind;
 use crate::objects::{Fetch, Location, Object, MOST_GET_BYTES};
 use anyhow::{bail, ensure, Context, Result};
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex};
 
 const LIST: u8 = 1;
 const GET: u8 = 2;
@@ -27,27 +28,40 @@ const UNAVAILABLE: u8 = 2;
 /// The most bytes of a listing's answer.
 const MOST_LIST_BYTES: u64 = 2 << 30;
 
-/// The reader's end: one request at a time (the reader's threads take turns).
+/// The reader's end. Its threads ask at once: each sends its request, and whichever is
+/// waiting first receives the answers for all of them (no thread of its own, which would be
+/// started before the reader's Landlock rules and escape them).
 pub struct Channel {
-    sock: Mutex<OwnedFd>,
+    sock: OwnedFd,
     next: AtomicU64,
+    inbox: Mutex<Inbox>,
+    arrived: Condvar,
+}
+
+#[derive(Default)]
+struct Inbox {
+    /// A thread is receiving for everyone.
+    receiving: bool,
+    answers: HashMap<u64, wire::Message>,
+    /// Why no answer will come, once the channel failed.
+    closed: Option<String>,
 }
 
 impl Channel {
     pub fn new(sock: OwnedFd) -> Channel {
         Channel {
-            sock: Mutex::new(sock),
+            sock,
             next: AtomicU64::new(1),
+            inbox: Mutex::default(),
+            arrived: Condvar::new(),
         }
     }
 
     /// Sends a request and waits for its answer: the answer's memfd, or the daemon's error.
     fn call(&self, kind: u8, payload: &[u8], max: u64) -> Result<Option<memmap2::Mmap>> {
-        let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
         let id = self.next.fetch_add(1, Relaxed);
-        wire::send(sock.as_raw_fd(), kind, id, payload, None)?;
-        let m = wire::recv(sock.as_raw_fd())?.context("the daemon closed the objects' channel")?;
-        ensure!(m.id == id, "an answer to request {} for {id}", m.id);
+        wire::send(self.sock.as_raw_fd(), kind, id, payload, None)?;
+        let m = self.answer_to(id)?;
         if m.kind == FAILED {
             let mut r = wire::Reader::new(&m.payload);
             let kind = match r.u8()? {
@@ -66,6 +80,36 @@ impl Channel {
         match &m.fd {
             Some(fd) => wire::map_sealed(fd, max),
             None => Ok(None),
+        }
+    }
+
+    /// The answer to request `id`, received by this thread or by another waiting.
+    fn answer_to(&self, id: u64) -> Result<wire::Message> {
+        let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(m) = inbox.answers.remove(&id) {
+                return Ok(m);
+            }
+            if let Some(why) = &inbox.closed {
+                bail!("{why}");
+            }
+            if inbox.receiving {
+                inbox = self.arrived.wait(inbox).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            inbox.receiving = true;
+            drop(inbox);
+            let got = wire::recv(self.sock.as_raw_fd());
+            inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+            inbox.receiving = false;
+            match got {
+                Ok(Some(m)) => {
+                    inbox.answers.insert(m.id, m);
+                }
+                Ok(None) => inbox.closed = Some("the daemon closed the objects' channel".into()),
+                Err(e) => inbox.closed = Some(format!("the objects' channel: {e:#}")),
+            }
+            self.arrived.notify_all();
         }
     }
 }
@@ -129,32 +173,61 @@ impl Fetch for Channel {
 /// The daemon's end of a reader's channel, served on a thread of its own until the reader
 /// closes it: each request checked against `scope` (the dataset's location), then fetched.
 pub fn serve(sock: OwnedFd, scope: Location) -> Result<()> {
+    let sock = Arc::new(sock);
+    let scope = Arc::new(scope);
     std::thread::Builder::new()
         .name("larder-objects".into())
         .spawn(move || {
+            let slots = Arc::new((Mutex::new(0usize), Condvar::new()));
             while let Ok(Some(m)) = wire::recv(sock.as_raw_fd()) {
-                let fd = sock.as_raw_fd();
-                let sent = match answer(&m, &scope) {
-                    Ok(bytes) => wire::sealed_memfd("larder-object", &bytes)
-                        .and_then(|f| wire::send(fd, m.kind, m.id, &[], Some(f.as_raw_fd()))),
-                    Err(e) => {
-                        let kind = match crate::error::Error::kind_of(&e) {
-                            Kind::Changed => CHANGED,
-                            Kind::Reader => UNAVAILABLE,
-                            _ => 0,
-                        };
-                        let mut w = Writer::default();
-                        w.u8(kind).str(&format!("{e:#}"));
-                        wire::send(fd, FAILED, m.id, &w.0, None)
+                // At most AT_ONCE requests of a reader in flight: the next waits for a slot.
+                {
+                    let (busy, freed) = &*slots;
+                    let mut n = busy.lock().unwrap_or_else(|e| e.into_inner());
+                    while *n >= AT_ONCE {
+                        n = freed.wait(n).unwrap_or_else(|e| e.into_inner());
                     }
-                };
-                if sent.is_err() {
+                    *n += 1;
+                }
+                let (sock, scope, slots) = (sock.clone(), scope.clone(), slots.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("larder-object".into())
+                    .spawn(move || {
+                        reply(sock.as_raw_fd(), &m, &scope);
+                        let (busy, freed) = &*slots;
+                        *busy.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                        freed.notify_one();
+                    });
+                if spawned.is_err() {
                     return;
                 }
             }
         })
         .context("starting the thread that serves a reader's objects")?;
     Ok(())
+}
+
+/// Requests of one reader answered at once (GETs wait on the store, not on the CPU).
+const AT_ONCE: usize = 8;
+
+/// Answers `m` on `fd`: the bytes in a sealed memfd, or why not.
+fn reply(fd: std::os::fd::RawFd, m: &wire::Message, scope: &Location) {
+    let sent = match answer(m, scope) {
+        Ok(bytes) => wire::sealed_memfd("larder-object", &bytes)
+            .and_then(|f| wire::send(fd, m.kind, m.id, &[], Some(f.as_raw_fd()))),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = sent {
+        let kind = match crate::error::Error::kind_of(&e) {
+            Kind::Changed => CHANGED,
+            Kind::Reader => UNAVAILABLE,
+            _ => 0,
+        };
+        let mut w = Writer::default();
+        w.u8(kind).str(&format!("{e:#}"));
+        // A reader gone: nothing to tell.
+        let _ = wire::send(fd, FAILED, m.id, &w.0, None);
+    }
 }
 
 /// What request `m` asks, fetched, if `scope` holds it.

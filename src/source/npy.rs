@@ -38,8 +38,9 @@ struct DatasetKeys {}
 /// Most bytes of compressed members inflated at open, in all (a larger archive: save it with
 /// `np.savez`, which stores members as they are, and they are read in place).
 const MAX_INFLATED_BYTES: u64 = 1 << 30;
-/// Bytes of a field read together on a miss.
-const GRANULE_BYTES: u64 = 1 << 20;
+/// Bytes of samples read together on a miss (every field's rows): enough that a read's fixed
+/// cost (a seek; an object store's round trip, about 10 ms) is small beside it.
+const GRANULE_BYTES: u64 = 4 << 20;
 
 impl Format for Npy {
     fn name(&self) -> &'static str {
@@ -277,6 +278,8 @@ pub struct NpySource {
     granule: u64,
     /// Each file read, as opened: a read from one that changed since is refused.
     blobs: Vec<Arc<Blob>>,
+    /// Its files are objects in an object store.
+    remote: bool,
     files: Arc<[PathBuf]>,
 }
 
@@ -445,6 +448,7 @@ impl NpySource {
             len,
             granule,
             blobs,
+            remote: crate::objects::is_url(path),
             files: files.into(),
         })
     }
@@ -611,10 +615,25 @@ impl RawSource for NpySource {
         let mut samples: Vec<RawSample> = (0..count)
             .map(|_| Vec::with_capacity(self.fields.len()))
             .collect();
-        for f in &self.fields {
-            let block = f
-                .read(start, count)
-                .map_err(|e| self.changed().map_or(e, super::changed_error))?;
+        // Objects' fields at once: each read is a round trip to the store.
+        let blocks: Vec<Result<Vec<u8>>> = if self.remote && self.fields.len() > 1 {
+            std::thread::scope(|s| {
+                let reads: Vec<_> = (self.fields.iter())
+                    .map(|f| s.spawn(move || f.read(start, count)))
+                    .collect();
+                reads
+                    .into_iter()
+                    .map(|r| {
+                        r.join()
+                            .unwrap_or_else(|_| Err(anyhow::anyhow!("a read failed")))
+                    })
+                    .collect()
+            })
+        } else {
+            self.fields.iter().map(|f| f.read(start, count)).collect()
+        };
+        for (f, block) in self.fields.iter().zip(blocks) {
+            let block = block.map_err(|e| self.changed().map_or(e, super::changed_error))?;
             let dims: Vec<u32> = f.header.shape[1..].iter().map(|&d| d as u32).collect();
             for (i, sample) in samples.iter_mut().enumerate() {
                 let r = f.row_bytes as usize;
