@@ -167,7 +167,7 @@ def main() -> int:
     for r in rows:
         print(f"{r['format']:<11} {r['local_per_s']:>8.0f} {r['s3_per_s']:>8.0f} {r['s3_time_vs_local']:>7.2f}x"
               f" {r['object_bytes_per_dataset_byte']:>10.3f}x")
-    results.save("objects", args, rows)
+    results.save("objects", args, rows, name="objects-readers" if args.reader_user else None)
     return 0
 
 

@@ -80,9 +80,9 @@ impl Blob {
     }
 
     /// Its size when opened or listed.
-    pub fn len(&self) -> u64 {
+    pub fn size(&self) -> u64 {
         match self {
-            Blob::Local { stamp, .. } => stamp.len(),
+            Blob::Local { stamp, .. } => stamp.size(),
             Blob::Object { object, .. } => object.size,
         }
     }
@@ -118,7 +118,7 @@ impl Blob {
         match self {
             Blob::Local { file, .. } => file.read_at(buf, offset),
             Blob::Object { .. } => {
-                let n = (buf.len() as u64).min(self.len().saturating_sub(offset)) as usize;
+                let n = (buf.len() as u64).min(self.size().saturating_sub(offset)) as usize;
                 self.read_exact_at(&mut buf[..n], offset)?;
                 Ok(n)
             }

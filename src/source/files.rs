@@ -67,7 +67,7 @@ impl Stamp {
     }
 
     /// The file's size when stamped.
-    pub fn len(&self) -> u64 {
+    pub fn size(&self) -> u64 {
         self.len
     }
 

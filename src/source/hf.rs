@@ -299,8 +299,12 @@ impl Folder {
             return super::read_capped(&p.join(name), max);
         }
         let b = self.open(name)?;
-        ensure!(b.len() <= max, "{name} takes {} bytes, over {max}", b.len());
-        let mut bytes = vec![0u8; b.len() as usize];
+        ensure!(
+            b.size() <= max,
+            "{name} takes {} bytes, over {max}",
+            b.size()
+        );
+        let mut bytes = vec![0u8; b.size() as usize];
         b.read_exact_at(&mut bytes, 0)?;
         Ok(bytes)
     }
@@ -538,7 +542,7 @@ impl HfSource {
         let mut schema: Option<arrow_schema::SchemaRef> = None;
         let mut len = 0u64;
         for (k, (p, file)) in paths.iter().zip(&files).enumerate() {
-            let s = scan(file, file.len(), k, &mut len, &mut batches)
+            let s = scan(file, file.size(), k, &mut len, &mut batches)
                 .with_context(|| format!("reading Arrow stream {}", p.display()))?;
             match &schema {
                 None => schema = Some(Arc::new(s)),

@@ -383,12 +383,12 @@ impl NpySource {
             let (header, rows, stored) = match a.deflated {
                 None => {
                     let mut head =
-                        vec![0u8; (65536 + 12).min(file.len().saturating_sub(a.at)) as usize];
+                        vec![0u8; (65536 + 12).min(file.size().saturating_sub(a.at)) as usize];
                     file.read_exact_at(&mut head, a.at)
                         .with_context(|| format!("reading {origin}"))?;
                     let header = Header::parse(&head).with_context(|| origin.clone())?;
                     let offset = a.at + header.data_offset;
-                    let stored = file.len().saturating_sub(offset);
+                    let stored = file.size().saturating_sub(offset);
                     (header, Rows::File { file, offset }, stored)
                 }
                 Some((compressed, size)) => {
@@ -499,7 +499,7 @@ fn le64(b: &[u8], at: usize) -> Result<u64> {
 /// (without `.npy`), and where its bytes start.
 fn zip_members(file: Arc<Blob>) -> Result<Vec<Found>> {
     let path = file.path();
-    let size = file.len();
+    let size = file.size();
     // The end-of-central-directory record: in the last 64 KiB + 22 bytes (its comment).
     let tail_len = size.min(65536 + 22);
     let mut tail = vec![0u8; tail_len as usize];

@@ -160,7 +160,7 @@ impl std::io::Read for AtFrom {
 
 impl parquet::file::reader::Length for At {
     fn len(&self) -> u64 {
-        self.0.len()
+        self.0.size()
     }
 }
 

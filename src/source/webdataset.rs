@@ -278,7 +278,7 @@ fn scan(shards: &[Blob]) -> Vec<Result<(Vec<Member>, Option<String>)>> {
             scope.spawn(|| loop {
                 let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(shard) = shards.get(k) else { return };
-                let listed = members(shard, shard.len());
+                let listed = members(shard, shard.size());
                 *out[k].lock().unwrap_or_else(|e| e.into_inner()) = Some(listed);
             });
         }
