@@ -92,6 +92,12 @@ def test_datasets_in_an_object_store_are_served_as_their_local_copies(tmp_path, 
         for where, path in [("local", local / name), ("s3", f"s3://data/sets/{name}")]:
             tables += (f'[[dataset]]\nname = "{name}-{where}"\nkind = "{kind}"\npath = "{path}"\n'
                        'resize = 0\ncrop = 0\nallow = ["all"]\n')
+    # Patterns in the path, as a local path takes them: a brace range of shards, a glob.
+    patterns = {"wds-braces": ("webdataset", "s3://data/sets/wds/s-{000..002}.tar", "wds"),
+                "parquet-glob": ("parquet", "s3://data/sets/parquet/train-*.parquet", "parquet")}
+    for name, (kind, path, _) in patterns.items():
+        tables += (f'[[dataset]]\nname = "{name}"\nkind = "{kind}"\npath = "{path}"\n'
+                   'resize = 0\ncrop = 0\nallow = ["all"]\n')
     d = daemon(tmp_path, tables, budget_bytes=50_000_000)
     try:
         with larder.Client(d.unix) as c:
@@ -111,6 +117,8 @@ def test_datasets_in_an_object_store_are_served_as_their_local_copies(tmp_path, 
                 assert len(epoch(c, f"{name}-s3", seed=9)) == n
             s = c.stats()
             assert (s.object_gets, s.object_bytes) == before, "the second epoch is served from the tiers"
+            for name, (_, _, like) in patterns.items():
+                assert epoch(c, name) == epoch(c, f"{like}-local"), name
             assert "object store:" in subprocess.run(
                 [str(larder_cli()), "stats"], env={**os.environ, "LARDER_ADDR": d.unix},
                 capture_output=True, text=True).stdout

@@ -21,8 +21,8 @@ use std::sync::OnceLock;
 /// The schemes a dataset's path may have, read as object storage.
 pub const SCHEMES: &[&str] = &["s3"];
 
-/// The most bytes one GET may ask for (a granule's span, with room).
-pub const MOST_GET_BYTES: u64 = 256 << 20;
+/// The most bytes one GET asks for (a WebDataset granule's span); a longer read is several.
+pub const MOST_GET_BYTES: u64 = 64 << 20;
 
 /// Objects a listing may hold.
 pub const MOST_OBJECTS: usize = 10_000_000;
@@ -84,6 +84,17 @@ impl Location {
             bucket: bucket.to_string(),
             key: key.to_string(),
         })
+    }
+
+    /// The location a dataset's path reaches: the path itself, or for a pattern (a brace
+    /// range, a `*`) the prefix before the part the pattern is in.
+    pub fn scope_of(path: &Path) -> Result<Location> {
+        let s = path.to_str().context("a URL that is not UTF-8")?;
+        let Some(at) = s.find(['{', '*']) else {
+            return Location::parse(path);
+        };
+        let fixed = s[..at].rsplit_once('/').map_or(s, |(head, _)| head);
+        Location::parse(Path::new(fixed))
     }
 
     /// The URL of the object `key` in this location's bucket.
@@ -183,6 +194,10 @@ mod tests {
         ] {
             assert!(Location::parse(Path::new(bad)).is_err(), "{bad}");
         }
+        let scope = |p: &str| Location::scope_of(Path::new(p)).unwrap().key;
+        assert_eq!(scope("s3://data/wds/train-{000..009}.tar"), "wds");
+        assert_eq!(scope("s3://data/pq/train-*.parquet"), "pq");
+        assert_eq!(scope("s3://data/pq"), "pq");
         assert!(is_url(Path::new("s3://b/k")));
         assert!(!is_url(Path::new("/data/s3://b")));
         assert!(

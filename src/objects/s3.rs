@@ -33,7 +33,13 @@ impl S3 {
             retry_timeout: std::time::Duration::from_secs(6),
             ..Default::default()
         };
+        // A request answers within the time a reader's answer is waited for (8 s); the rest
+        // of the client's settings are the environment's (AWS_ALLOW_HTTP among them).
+        use object_store::aws::AmazonS3ConfigKey::Client;
+        use object_store::ClientConfigKey::{ConnectTimeout, Timeout};
         let store = AmazonS3Builder::from_env()
+            .with_config(Client(ConnectTimeout), "2s")
+            .with_config(Client(Timeout), "6s")
             .with_bucket_name(name)
             .with_retry(retry)
             .build()
@@ -77,13 +83,15 @@ impl Fetch for S3 {
         let url = at.url_of(&at.key);
         self.run(async move {
             if !key.is_empty() {
-                match store.head(&Key::from(key.as_str())).await {
+                match store.head(&Key::parse(key.as_str())?).await {
                     Ok(m) => return Ok(vec![listed(&bucket, m)]),
                     Err(object_store::Error::NotFound { .. }) => {}
                     Err(e) => return Err(anyhow::Error::new(e).context(format!("HEAD {url}"))),
                 }
             }
-            let prefix = (!key.is_empty()).then(|| Key::from(key.as_str()));
+            let prefix = (!key.is_empty())
+                .then(|| Key::parse(key.as_str()))
+                .transpose()?;
             let mut listing = store.list(prefix.as_ref());
             let mut out = vec![];
             while let Some(m) = listing.next().await {
@@ -126,7 +134,9 @@ impl Fetch for S3 {
             if_match: object.etag.clone(),
             ..Default::default()
         };
-        let key = Key::from(object.key.as_str());
+        // As listed: parsed, never re-encoded (an encoded key names another object).
+        let key = Key::parse(object.key.as_str())
+            .with_context(|| format!("{}: not an object name", object.url()))?;
         let got = self.run(async move {
             let r = store.get_opts(&key, options).await?;
             r.bytes().await

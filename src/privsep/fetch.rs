@@ -58,10 +58,15 @@ impl Channel {
     }
 
     /// Sends a request and waits for its answer: the answer's memfd, or the daemon's error.
+    /// A channel that fails is no file's fault: its error is of kind `Reader` (the stream
+    /// ends, no sample is counted bad).
     fn call(&self, kind: u8, payload: &[u8], max: u64) -> Result<Option<memmap2::Mmap>> {
+        let unavailable = |e: anyhow::Error| -> anyhow::Error {
+            crate::error::Error::new(Kind::Reader, format!("the objects' channel: {e:#}")).into()
+        };
         let id = self.next.fetch_add(1, Relaxed);
-        wire::send(self.sock.as_raw_fd(), kind, id, payload, None)?;
-        let m = self.answer_to(id)?;
+        wire::send(self.sock.as_raw_fd(), kind, id, payload, None).map_err(unavailable)?;
+        let m = self.answer_to(id).map_err(unavailable)?;
         if m.kind == FAILED {
             let mut r = wire::Reader::new(&m.payload);
             let kind = match r.u8()? {
@@ -78,7 +83,7 @@ impl Channel {
             m.kind
         );
         match &m.fd {
-            Some(fd) => wire::map_sealed(fd, max),
+            Some(fd) => wire::map_sealed(fd, max).map_err(unavailable),
             None => Ok(None),
         }
     }
@@ -173,8 +178,25 @@ impl Fetch for Channel {
 /// The daemon's end of a reader's channel, served on a thread of its own until the reader
 /// closes it: each request checked against `scope` (the dataset's location), then fetched.
 pub fn serve(sock: OwnedFd, scope: Location) -> Result<()> {
+    // Few answers queued unread: a reader that asks and never reads soon blocks the threads
+    // answering it, and through them its further requests (each answer's memfd is the
+    // daemon's memory until read).
+    let small: libc::c_int = 4096;
+    // SAFETY: setsockopt on our own socket with an int option.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&small as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
     let sock = Arc::new(sock);
-    let scope = Arc::new(scope);
+    let scope = Arc::new(Scope {
+        at: scope,
+        listing: Mutex::default(),
+    });
     std::thread::Builder::new()
         .name("larder-objects".into())
         .spawn(move || {
@@ -211,17 +233,18 @@ pub fn serve(sock: OwnedFd, scope: Location) -> Result<()> {
 const AT_ONCE: usize = 8;
 
 /// Answers `m` on `fd`: the bytes in a sealed memfd, or why not.
-fn reply(fd: std::os::fd::RawFd, m: &wire::Message, scope: &Location) {
+fn reply(fd: std::os::fd::RawFd, m: &wire::Message, scope: &Scope) {
     let sent = match answer(m, scope) {
         Ok(bytes) => wire::sealed_memfd("larder-object", &bytes)
             .and_then(|f| wire::send(fd, m.kind, m.id, &[], Some(f.as_raw_fd()))),
         Err(e) => Err(e),
     };
     if let Err(e) = sent {
+        // What the daemon could not answer is no file's fault (a request outside the scope
+        // comes from a reader that is not honest, whose stream may as well end).
         let kind = match crate::error::Error::kind_of(&e) {
             Kind::Changed => CHANGED,
-            Kind::Reader => UNAVAILABLE,
-            _ => 0,
+            _ => UNAVAILABLE,
         };
         let mut w = Writer::default();
         w.u8(kind).str(&format!("{e:#}"));
@@ -230,8 +253,49 @@ fn reply(fd: std::os::fd::RawFd, m: &wire::Message, scope: &Location) {
     }
 }
 
+/// A reader's dataset's location, and its objects once listed (once per channel: a LIST is
+/// answered from that listing, so a reader asking again and again costs no more listings).
+struct Scope {
+    at: Location,
+    listing: Mutex<Option<Arc<Vec<Object>>>>,
+}
+
+impl Scope {
+    /// The objects at `at` (within the scope): the one it names, else those under it.
+    fn list(&self, at: &Location) -> Result<Vec<Object>> {
+        let all = {
+            let mut listing = self.listing.lock().unwrap_or_else(|e| e.into_inner());
+            match &*listing {
+                Some(all) => all.clone(),
+                None => {
+                    let mut all = crate::objects::fetcher().list(&self.at)?;
+                    all.retain(|o| self.at.holds(&o.key));
+                    let all = Arc::new(all);
+                    *listing = Some(all.clone());
+                    all
+                }
+            }
+        };
+        if let Some(one) = all.iter().find(|o| o.key == at.key) {
+            return Ok(vec![one.clone()]);
+        }
+        let under: Vec<Object> = all
+            .iter()
+            .filter(|o| at.key.is_empty() || at.holds(&o.key))
+            .cloned()
+            .collect();
+        ensure!(
+            !under.is_empty(),
+            "{}: no such object or prefix",
+            at.url_of(&at.key)
+        );
+        Ok(under)
+    }
+}
+
 /// What request `m` asks, fetched, if `scope` holds it.
-fn answer(m: &wire::Message, scope: &Location) -> Result<Vec<u8>> {
+fn answer(m: &wire::Message, scope: &Scope) -> Result<Vec<u8>> {
+    let (store, scope) = (scope, &scope.at);
     let mut r = wire::Reader::new(&m.payload);
     let bucket = r.str()?.to_string();
     let within = |key: &str| {
@@ -248,12 +312,15 @@ fn answer(m: &wire::Message, scope: &Location) -> Result<Vec<u8>> {
             r.end()?;
             within(&key)?;
             let at = Location { bucket, key };
-            let mut objects = crate::objects::fetcher().list(&at)?;
-            objects.retain(|o| scope.holds(&o.key));
+            let objects = store.list(&at)?;
             let mut w = Writer::default();
             w.u32(objects.len() as u32);
             for o in &objects {
                 write_object(&mut w, o);
+                ensure!(
+                    w.0.len() as u64 <= MOST_LIST_BYTES,
+                    "a listing over {MOST_LIST_BYTES} bytes"
+                );
             }
             Ok(w.0)
         }
@@ -280,7 +347,10 @@ mod tests {
             payload: payload.0.clone(),
             fd: None,
         };
-        let scope = Location::parse(std::path::Path::new(scope)).unwrap();
+        let scope = Scope {
+            at: Location::parse(std::path::Path::new(scope)).unwrap(),
+            listing: Mutex::default(),
+        };
         answer(&m, &scope).map_or_else(|e| format!("{e:#}"), |_| "answered".into())
     }
 

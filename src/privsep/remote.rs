@@ -265,9 +265,14 @@ fn from_reader(
     reader: Arc<Connection>,
 ) -> Result<Opened> {
     let objects = crate::objects::is_url(&c.path)
-        .then(|| Location::parse(&c.path))
+        .then(|| Location::scope_of(&c.path))
         .transpose()?;
-    let (meta, sizes, files) = open_in(&reader, &open_request, objects.as_ref(), limits)?;
+    let (meta, sizes, mut files) = open_in(&reader, &open_request, objects.as_ref(), limits)?;
+    if objects.is_some() {
+        // Who may have it follows from where it is, which the daemon knows: not from what a
+        // reader (one a crafted object took over) says its files are.
+        files = vec![c.path.clone()];
+    }
     let format = crate::source::format_named(&meta.kind)?;
     let schema = meta.schema.clone();
     let preprocess = Preprocess::Elsewhere(meta.preprocess.clone());
@@ -690,9 +695,8 @@ mod tests {
                 let _ = wire::send(fd, LOAD, id, &w.0, Some(memfd.as_raw_fd()));
             }
         });
-        let c =
-            DatasetConfig::from_table(toml::from_str("name = \"u/x\"\npath = \"/fake\"").unwrap())
-                .unwrap();
+        let table = "name = \"u/x\"\npath = \"/fake\"".to_string();
+        let c = DatasetConfig::from_table(toml::from_str(&table).unwrap()).unwrap();
         let user = User {
             uid: 1000,
             gid: 1000,
@@ -739,6 +743,17 @@ mod tests {
     }
 
     #[test]
+    fn an_object_stores_access_follows_its_path_not_what_its_reader_says() {
+        // The reader says its files are /fake (which a user might read); the dataset is in an
+        // object store, so access is checked against its URL, which only `allow` grants.
+        let opened = fake_reader_at("s3://data/train", honest_open(), honest_load()).unwrap();
+        assert_eq!(
+            &opened.source.files()[..],
+            &[PathBuf::from("s3://data/train")]
+        );
+    }
+
+    #[test]
     fn a_reader_that_hangs_is_given_up_on() {
         let err = format!("{:#}", lied_to(Lie::Silent));
         assert!(err.contains("did not answer within 8 s"), "{err}");
@@ -749,6 +764,11 @@ mod tests {
     type Answer = (Vec<u8>, Option<Vec<u8>>);
 
     fn fake_reader(open: Answer, load: Answer) -> Result<Opened> {
+        fake_reader_at("/fake", open, load)
+    }
+
+    /// `fake_reader`, for a dataset at `path`.
+    fn fake_reader_at(path: &str, open: Answer, load: Answer) -> Result<Opened> {
         let (daemon_end, reader_end) = wire::pair().unwrap();
         std::thread::spawn(move || {
             let fd = reader_end.as_raw_fd();
@@ -764,9 +784,8 @@ mod tests {
                 );
             }
         });
-        let c =
-            DatasetConfig::from_table(toml::from_str("name = \"u/x\"\npath = \"/fake\"").unwrap())
-                .unwrap();
+        let table = format!("name = \"u/x\"\npath = \"{path}\"");
+        let c = DatasetConfig::from_table(toml::from_str(&table).unwrap()).unwrap();
         let user = User {
             uid: 1000,
             gid: 1000,

@@ -19,6 +19,9 @@ pub enum Blob {
         object: Object,
         /// Why it no longer reads as listed, once a GET said so.
         changed: Mutex<Option<String>>,
+        /// Why the last GET that failed for want of the store failed (taken by `unavailable`):
+        /// what a parser that keeps only an error's text (Parquet's) lost.
+        unavailable: Mutex<Option<String>>,
     },
 }
 
@@ -47,10 +50,11 @@ impl Blob {
             .collect())
     }
 
-    fn of_object(object: Object) -> Blob {
+    pub(super) fn of_object(object: Object) -> Blob {
         Blob::Object {
             object,
             changed: Mutex::default(),
+            unavailable: Mutex::default(),
         }
     }
 
@@ -91,24 +95,39 @@ impl Blob {
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
         match self {
             Blob::Local { file, .. } => file.read_exact_at(buf, offset),
-            Blob::Object { object, changed } => {
-                match objects::fetcher().get(object, offset, buf.len() as u64) {
-                    Ok(bytes) => {
-                        buf.copy_from_slice(&bytes);
-                        Ok(())
-                    }
-                    Err(e) => {
-                        let kind = crate::error::Error::kind_of(&e);
-                        if kind == crate::error::Kind::Changed {
-                            *changed.lock().unwrap_or_else(|e| e.into_inner()) =
-                                Some(format!("{e:#}"));
+            Blob::Object {
+                object,
+                changed,
+                unavailable,
+            } => {
+                // A long read is several GETs, each within what one may ask.
+                let mut done = 0usize;
+                while done < buf.len() {
+                    let n = (buf.len() - done).min(objects::MOST_GET_BYTES as usize);
+                    let at = offset + done as u64;
+                    match objects::fetcher().get(object, at, n as u64) {
+                        Ok(bytes) => buf[done..done + n].copy_from_slice(&bytes),
+                        Err(e) => {
+                            use crate::error::Kind;
+                            let kind = crate::error::Error::kind_of(&e);
+                            let slot = match kind {
+                                Kind::Changed => Some(changed),
+                                Kind::Reader => Some(unavailable),
+                                _ => None,
+                            };
+                            if let Some(slot) = slot {
+                                *slot.lock().unwrap_or_else(|e| e.into_inner()) =
+                                    Some(format!("{e:#}"));
+                            }
+                            // The kind travels inside: a store that did not answer ends the
+                            // stream rather than costing the sample.
+                            let typed = crate::error::Error::new(kind, format!("{e:#}"));
+                            return Err(std::io::Error::other(typed));
                         }
-                        // The kind travels inside: a store that did not answer ends the
-                        // stream rather than costing the sample.
-                        let typed = crate::error::Error::new(kind, format!("{e:#}"));
-                        Err(std::io::Error::other(typed))
                     }
+                    done += n;
                 }
+                Ok(())
             }
         }
     }
@@ -121,6 +140,16 @@ impl Blob {
                 let n = (buf.len() as u64).min(self.size().saturating_sub(offset)) as usize;
                 self.read_exact_at(&mut buf[..n], offset)?;
                 Ok(n)
+            }
+        }
+    }
+
+    /// Why a read of it failed for want of the store since last asked, if one did (taken).
+    pub fn unavailable(&self) -> Option<String> {
+        match self {
+            Blob::Local { .. } => None,
+            Blob::Object { unavailable, .. } => {
+                unavailable.lock().unwrap_or_else(|e| e.into_inner()).take()
             }
         }
     }

@@ -285,10 +285,7 @@ impl Folder {
                 let Blob::Object { object, .. } = b else {
                     unreachable!("a listing holds objects")
                 };
-                Ok(Blob::Object {
-                    object: object.clone(),
-                    changed: Default::default(),
-                })
+                Ok(Blob::of_object(object.clone()))
             }
         }
     }

@@ -165,10 +165,14 @@ impl parquet::file::reader::Length for At {
 }
 
 impl parquet::file::reader::ChunkReader for At {
-    type T = AtFrom;
+    type T = std::io::BufReader<AtFrom>;
 
-    fn get_read(&self, start: u64) -> parquet::errors::Result<AtFrom> {
-        Ok(AtFrom(self.0.clone(), start))
+    /// Buffered: the page headers are decoded a few bytes a read, each a GET of an object.
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        Ok(std::io::BufReader::with_capacity(
+            64 << 10,
+            AtFrom(self.0.clone(), start),
+        ))
     }
 
     fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<bytes::Bytes> {
@@ -328,9 +332,15 @@ impl RawSource for ParquetSource {
                 break;
             }
             let (lo, hi) = (start.max(g.first_row), end.min(g.first_row + g.rows));
+            let file = &self.files[g.file].file.0;
             let batches = self
                 .rows(g, lo - g.first_row, hi - g.first_row)
-                .map_err(|e| self.changed().map_or(e, super::changed_error))
+                .map_err(|e| match file.unavailable() {
+                    // The parquet reader keeps only an error's text: the store's failure,
+                    // noted by the file, is no sample's fault.
+                    Some(why) => crate::error::Error::new(crate::error::Kind::Reader, why).into(),
+                    None => self.changed().map_or(e, super::changed_error),
+                })
                 .with_context(|| format!("reading {}", self.files[g.file].path.display()))?;
             let mut i = lo;
             for b in &batches {

@@ -203,7 +203,11 @@ fn shards(path: &Path) -> Result<Vec<Blob>> {
     }
     let mut out = vec![];
     if remote {
+        // The objects right under the prefix, as a folder's files (not its subfolders').
         for blob in Blob::list(path)? {
+            if blob.path().parent() != Some(path) && blob.path() != path {
+                continue;
+            }
             let name = blob.name();
             if name.to_lowercase().ends_with(".tar") {
                 out.push(blob);
