@@ -56,8 +56,8 @@ def epoch(client, name, seed=4, batch=8):
 
 
 def test_datasets_in_an_object_store_are_served_as_their_local_copies(tmp_path, s3_env, request):
-    """WebDataset shards, Parquet files, NumPy arrays and a Hugging Face save_to_disk folder,
-    each made by its own library and uploaded, are served exactly as the same files on local
+    """WebDataset shards, Parquet files, NumPy arrays, a Hugging Face save_to_disk folder and
+    an image folder of class subfolders, each made by its own library and uploaded, are served exactly as the same files on local
     disk: every sample once, the same bytes; the second epoch makes no GET."""
     wds = pytest.importorskip("webdataset")
     datasets = pytest.importorskip("datasets")
@@ -76,6 +76,10 @@ def test_datasets_in_an_object_store_are_served_as_their_local_copies(tmp_path, 
             # Noise, as large as a photo's JPEG (about 80 KB).
             Image.fromarray(rng.integers(0, 256, (160, 160 + i % 3, 3), dtype=np.uint8)).save(buf, format="PNG")
             sink.write({"__key__": f"k{i:04d}", "png": buf.getvalue(), "cls": i % 7})
+    for i in range(n):
+        cls = local / "images" / f"c{i % 3}"
+        cls.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (8 + i % 4, 9, 3), dtype=np.uint8)).save(cls / f"{i:03d}.png")
     (local / "npy").mkdir()
     np.save(local / "npy" / "x.npy", rng.standard_normal((n, 5)).astype(np.float32))
     np.save(local / "npy" / "y.npy", np.arange(n, dtype=np.int64))
@@ -85,8 +89,8 @@ def test_datasets_in_an_object_store_are_served_as_their_local_copies(tmp_path, 
     (local / "parquet").mkdir()
     for k in range(2):
         rows.shard(2, k, contiguous=True).to_parquet(str(local / "parquet" / f"train-{k}.parquet"), batch_size=8)
-    uploaded = {kind: s3_env.upload("data", f"sets/{kind}", local / kind) for kind in ["wds", "npy", "hf", "parquet"]}
-    kinds = {"wds": "webdataset", "npy": "npy", "hf": "hf", "parquet": "parquet"}
+    kinds = {"wds": "webdataset", "npy": "npy", "hf": "hf", "parquet": "parquet", "images": "images"}
+    uploaded = {kind: s3_env.upload("data", f"sets/{kind}", local / kind) for kind in kinds}
     tables = ""
     for name, kind in kinds.items():
         for where, path in [("local", local / name), ("s3", f"s3://data/sets/{name}")]:

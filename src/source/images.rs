@@ -110,12 +110,7 @@ impl Format for Images {
     }
 
     fn reads_objects(&self) -> std::result::Result<(), String> {
-        Err(
-            "an image folder in an object store would be read one GET per image, and is not read \
-             in this release: pack it into WebDataset shards (tar files), read a shard part per \
-             GET"
-            .into(),
-        )
+        Ok(())
     }
 
     fn recognizes(&self, path: &Path) -> bool {
@@ -175,6 +170,39 @@ pub struct ImageFolderSource {
     /// What a user must be able to read to have the dataset: the folder, the folders walked
     /// (a folder searchable but not listable hides its names) and every file; built once.
     files: std::sync::Arc<[PathBuf]>,
+    /// An image folder in an object store: its images as listed, by sample.
+    listed: Option<Listed>,
+}
+
+/// The images of a folder in an object store, as listed: a GET each, of the version listed.
+struct Listed {
+    bucket: String,
+    /// Each sample's image: key, size, ETag (the bucket kept once).
+    images: Vec<(String, u64, Option<String>)>,
+    /// Why an image no longer reads as listed, once a GET said so.
+    changed: std::sync::Mutex<Option<String>>,
+}
+
+impl Listed {
+    /// The image of sample `i`, whole, if it holds at most `max` bytes.
+    fn read(&self, i: usize, max: u64) -> Result<Vec<u8>> {
+        let (key, size, etag) = &self.images[i];
+        let object = crate::objects::Object {
+            bucket: self.bucket.clone(),
+            key: key.clone(),
+            size: *size,
+            etag: etag.clone(),
+        };
+        ensure!(
+            *size <= max,
+            "{} takes {size} bytes, over the {max} a sample may (limits.max_sample_bytes)",
+            object.url()
+        );
+        let blob = super::Blob::of_object(object);
+        let mut bytes = vec![0u8; *size as usize];
+        blob.read_exact_at(&mut bytes, 0)?;
+        Ok(bytes)
+    }
 }
 
 /// The root, the folders walked and every file of `columns`.
@@ -314,6 +342,101 @@ impl ImageFolderSource {
             max_file_bytes: u64::MAX,
             files,
             folders,
+            listed: None,
+        })
+    }
+
+    /// Opens the image folder at the object store's prefix `root` for `fields` (one image
+    /// field, and the class): its objects listed once, class subfolders (or the images right
+    /// under it) as a local folder's; each image read later in one GET.
+    pub fn open_objects(root: &Path, fields: &[ImageField]) -> Result<ImageFolderSource> {
+        let images: Vec<&ImageField> = fields.iter().filter(|f| f.from.is_none()).collect();
+        ensure!(
+            images.len() == 1 && images[0].folder.is_none(),
+            "image folder {}: an image folder in an object store serves one image field (and \
+             the class); paired folders are read from a local or shared filesystem",
+            root.display()
+        );
+        let at = crate::objects::Location::parse(root)?;
+        let listed = crate::objects::fetcher()
+            .list(&at)
+            .with_context(|| format!("listing {}", root.display()))?;
+        super::found(listed.len() as u64);
+        let rel_of = |key: &str| -> Option<String> {
+            let rel = match at.key.is_empty() {
+                true => key,
+                false => key.strip_prefix(&at.key)?.strip_prefix('/')?,
+            };
+            let ext = rel.rsplit_once('.')?.1.to_lowercase();
+            IMAGE_EXTENSIONS
+                .contains(&ext.as_str())
+                .then(|| rel.to_string())
+        };
+        // (class or "", object), in key order: the images right under it, and one level down.
+        let mut top = vec![];
+        let mut by_class: std::collections::BTreeMap<String, Vec<&crate::objects::Object>> =
+            Default::default();
+        for o in &listed {
+            let Some(rel) = rel_of(&o.key) else { continue };
+            match rel.split_once('/') {
+                None => top.push(o),
+                Some((class, name)) if !name.contains('/') => {
+                    by_class.entry(class.to_string()).or_default().push(o)
+                }
+                Some(_) => {}
+            }
+        }
+        let wants_class = fields.iter().any(|f| f.from == Some(FieldFrom::Class));
+        let (mut chosen, mut labels, mut classes) = (vec![], vec![], vec![]);
+        if wants_class || top.is_empty() {
+            ensure!(
+                !by_class.is_empty(),
+                "image folder {} has no class subfolders of images",
+                root.display()
+            );
+            for (label, (class, objects)) in by_class.into_iter().enumerate() {
+                classes.push(class);
+                for o in objects {
+                    chosen.push(o);
+                    labels.push(label as i64);
+                }
+            }
+        } else {
+            labels = vec![0; top.len()];
+            chosen = top;
+        }
+        let mut hash = 0u128;
+        for o in &chosen {
+            let v = format!("{}:{}:{}", o.url(), o.size, o.etag.as_deref().unwrap_or(""));
+            hash = crate::fingerprint::fingerprint(&[&hash.to_le_bytes(), v.as_bytes()]);
+        }
+        let sizes: Vec<u64> = chosen.iter().map(|o| o.size).collect();
+        let columns = fields
+            .iter()
+            .map(|f| match f.from {
+                Some(FieldFrom::Class) => Column::Class,
+                _ => Column::Files(chosen.iter().map(|o| PathBuf::from(o.url())).collect()),
+            })
+            .collect();
+        Ok(ImageFolderSource {
+            root: root.to_path_buf(),
+            disk_bytes: sizes.iter().sum(),
+            version: format!("{}:{}:{:032x}", root.display(), chosen.len(), hash),
+            listed: Some(Listed {
+                bucket: at.bucket.clone(),
+                images: chosen
+                    .iter()
+                    .map(|o| (o.key.clone(), o.size, o.etag.clone()))
+                    .collect(),
+                changed: Default::default(),
+            }),
+            columns,
+            labels,
+            sizes,
+            classes,
+            max_file_bytes: u64::MAX,
+            files: vec![root.to_path_buf()].into(),
+            folders: vec![],
         })
     }
 
@@ -340,8 +463,20 @@ impl RawSource for ImageFolderSource {
                         Column::Class => Ok(Value::int64(self.labels[i as usize])),
                         Column::Files(files) => {
                             let path = &files[i as usize];
-                            let bytes = read_capped(path, self.max_file_bytes)
-                                .with_context(|| format!("reading {}", path.display()))?;
+                            let bytes = match &self.listed {
+                                Some(l) => {
+                                    l.read(i as usize, self.max_file_bytes).inspect_err(|e| {
+                                        if crate::error::Error::kind_of(e)
+                                            == crate::error::Kind::Changed
+                                        {
+                                            *l.changed.lock().unwrap_or_else(|e| e.into_inner()) =
+                                                Some(format!("{e:#}"));
+                                        }
+                                    })
+                                }
+                                None => read_capped(path, self.max_file_bytes),
+                            }
+                            .with_context(|| format!("reading {}", path.display()))?;
                             Ok(Value::new(vec![bytes.len() as u32], bytes))
                         }
                     })
@@ -384,6 +519,9 @@ impl Provenance for ImageFolderSource {
     }
 
     fn changed(&self) -> Option<String> {
+        if let Some(l) = &self.listed {
+            return l.changed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        }
         self.folders
             .iter()
             .find(|(dir, mtime)| folder_mtime(dir) != *mtime)
@@ -459,7 +597,10 @@ fn paired_files(dir: &Path, field: &str, rels: &[PathBuf]) -> Result<Vec<PathBuf
 fn open_dataset(c: &DatasetConfig, limits: &Limits) -> Result<Opened> {
     let fields = Images.fields(c)?;
     let resize = super::resize_of(&Images, c);
-    let mut source = ImageFolderSource::open(&c.path, &fields)?;
+    let mut source = match crate::objects::is_url(&c.path) {
+        true => ImageFolderSource::open_objects(&c.path, &fields)?,
+        false => ImageFolderSource::open(&c.path, &fields)?,
+    };
     source.max_file_bytes = limits.max_sample_bytes;
     tracing::info!(dataset = %c.name, classes = source.classes.len(), images = source.len(), "image folder opened");
     let reference = fields
