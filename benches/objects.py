@@ -22,7 +22,6 @@ Needs a built target/release/larderd and larder (or --debug), boto3 and seaweedf
 import argparse
 import os
 import pathlib
-import re
 import statistics
 import subprocess
 import sys
@@ -38,16 +37,10 @@ sys.path.insert(0, str(REPO / "python" / "tests"))
 sys.path.insert(0, str(REPO / "python"))
 
 import larder  # noqa: E402
+from formats import binary, larder_epoch  # noqa: E402
 from weed_server import Weed  # noqa: E402
 
 KINDS = ("webdataset", "npy")
-
-
-def binary(name: str, debug: bool) -> str:
-    path = REPO / "target" / ("debug" if debug else "release") / name
-    if not path.exists():
-        sys.exit(f"{path} is missing: cargo build {'' if debug else '--release '}first")
-    return str(path)
 
 
 def make_wds(root: pathlib.Path, n: int) -> None:
@@ -74,15 +67,6 @@ def drop_caches() -> None:
     if os.geteuid() == 0:
         os.sync()
         pathlib.Path("/proc/sys/vm/drop_caches").write_text("3\n")
-
-
-def larder_epoch(larder_cli: str, socket: pathlib.Path, name: str) -> float:
-    out = subprocess.run([larder_cli, "--addr", f"unix:{socket}", "bench", name, "--epochs", "1",
-                          "--clients", "1", "--batch-size", "32"], capture_output=True, text=True, timeout=900)
-    m = re.search(r"epoch 0: \d+ samples in [\d.]+s = (\d+) samples/s", out.stdout)
-    if out.returncode != 0 or not m:
-        sys.exit(f"larder bench {name}: {out.stdout}{out.stderr}")
-    return float(m.group(1))
 
 
 def main() -> int:

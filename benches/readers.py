@@ -24,15 +24,9 @@ import tempfile
 import time
 
 import results
+from formats import binary
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-
-
-def binary(name: str, debug: bool) -> str:
-    path = REPO / "target" / ("debug" if debug else "release") / name
-    if not path.exists():
-        sys.exit(f"{path} is missing: cargo build {'' if debug else '--release '}first")
-    return str(path)
 
 
 def make_jpegs(root: pathlib.Path, n: int) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import larder
-from conftest import Daemon
+from conftest import Daemon, larder_binary
 
 boto3 = pytest.importorskip("boto3")
 from weed_server import WEED, Weed  # noqa: E402
@@ -124,7 +124,7 @@ def test_datasets_in_an_object_store_are_served_as_their_local_copies(tmp_path, 
             for name, (_, _, like) in patterns.items():
                 assert epoch(c, name) == epoch(c, f"{like}-local"), name
             assert "object store:" in subprocess.run(
-                [str(larder_cli()), "stats"], env={**os.environ, "LARDER_ADDR": d.unix},
+                [str(larder_binary()), "stats"], env={**os.environ, "LARDER_ADDR": d.unix},
                 capture_output=True, text=True).stdout
             if reader_user():
                 # Read by readers running as nobody, which have no network (their Landlock
@@ -133,11 +133,6 @@ def test_datasets_in_an_object_store_are_served_as_their_local_copies(tmp_path, 
                 assert any(line.split()[0] == "nobody" and "larderd" in line for line in procs.splitlines())
     finally:
         d.stop()
-
-
-def larder_cli():
-    from conftest import larderd_binary
-    return pathlib.Path(larderd_binary()).with_name("larder")
 
 
 def test_an_object_replaced_after_listing_is_never_served_as_what_it_held(tmp_path, s3_env):

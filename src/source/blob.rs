@@ -41,13 +41,7 @@ impl Blob {
 
     /// The objects at `url` (one object, or those under a prefix), sorted by key.
     pub fn list(url: &Path) -> Result<Vec<Blob>> {
-        let at = Location::parse(url)?;
-        Ok(objects::fetcher()
-            .list(&at)
-            .with_context(|| format!("listing {}", url.display()))?
-            .into_iter()
-            .map(Blob::of_object)
-            .collect())
+        Ok(objects_at(url)?.into_iter().map(Blob::of_object).collect())
     }
 
     pub(super) fn of_object(object: Object) -> Blob {
@@ -132,6 +126,19 @@ impl Blob {
         }
     }
 
+    /// All its bytes, if it holds at most `max` of them.
+    pub fn read_all(&self, max: u64) -> Result<Vec<u8>> {
+        let size = self.size();
+        ensure!(
+            size <= max,
+            "{} takes {size} bytes, over the {max} it may",
+            self.path().display()
+        );
+        let mut bytes = vec![0u8; size as usize];
+        self.read_exact_at(&mut bytes, 0)?;
+        Ok(bytes)
+    }
+
     /// Reads what there is of `buf.len()` bytes at `offset` (fewer at its end).
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
         match self {
@@ -176,4 +183,12 @@ impl Blob {
             ),
         }
     }
+}
+
+/// The objects at `url` (one object, or those under a prefix), as listed, sorted by key.
+pub fn objects_at(url: &Path) -> Result<Vec<Object>> {
+    let at = Location::parse(url)?;
+    objects::fetcher()
+        .list(&at)
+        .with_context(|| format!("listing {}", url.display()))
 }

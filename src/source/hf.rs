@@ -14,6 +14,7 @@ use super::{Blob, Format, Opened, Provenance, RawSample, RawSource};
 use crate::config::keys::keys_of;
 use crate::config::{DatasetConfig, ImageMode, Limits, TrainCrop};
 use crate::fields::{DType, FieldSpec, Resample, Schema, Value};
+use crate::objects::Object;
 use crate::pipeline::{FieldOp, Preprocess};
 use anyhow::{bail, ensure, Context, Result};
 use arrow_array::cast::AsArray;
@@ -248,13 +249,18 @@ fn declared_shapes(schema: &arrow_schema::Schema) -> std::collections::HashMap<S
 /// A dataset's folder: on a filesystem, or a prefix of objects (listed once).
 enum Folder {
     Local(PathBuf),
-    Objects(PathBuf, Vec<Blob>),
+    Objects(PathBuf, Vec<Object>),
+}
+
+/// An object's URL, as a path.
+fn path_of(o: &Object) -> PathBuf {
+    PathBuf::from(o.url())
 }
 
 impl Folder {
     fn at(path: &Path) -> Result<Folder> {
         Ok(match crate::objects::is_url(path) {
-            true => Folder::Objects(path.to_path_buf(), Blob::list(path)?),
+            true => Folder::Objects(path.to_path_buf(), super::blob::objects_at(path)?),
             false => Folder::Local(path.to_path_buf()),
         })
     }
@@ -268,7 +274,7 @@ impl Folder {
     fn has(&self, name: &str) -> bool {
         match self {
             Folder::Local(p) => p.join(name).is_file(),
-            Folder::Objects(p, blobs) => blobs.iter().any(|b| b.path() == p.join(name)),
+            Folder::Objects(p, objects) => objects.iter().any(|o| path_of(o) == p.join(name)),
         }
     }
 
@@ -276,34 +282,23 @@ impl Folder {
     fn open(&self, name: &str) -> Result<Blob> {
         match self {
             Folder::Local(p) => Blob::open(&p.join(name)),
-            Folder::Objects(p, blobs) => {
+            Folder::Objects(p, objects) => {
                 let want = p.join(name);
-                let b = blobs
+                let o = objects
                     .iter()
-                    .find(|b| b.path() == want)
+                    .find(|o| path_of(o) == want)
                     .with_context(|| format!("{}: no such object", want.display()))?;
-                let Blob::Object { object, .. } = b else {
-                    unreachable!("a listing holds objects")
-                };
-                Ok(Blob::of_object(object.clone()))
+                Ok(Blob::of_object(o.clone()))
             }
         }
     }
 
     /// The bytes of the small file `name` (a JSON description), at most `max`.
     fn read(&self, name: &str, max: u64) -> Result<Vec<u8>> {
-        if let Folder::Local(p) = self {
-            return super::read_capped(&p.join(name), max);
+        match self {
+            Folder::Local(p) => super::read_capped(&p.join(name), max),
+            Folder::Objects(..) => self.open(name)?.read_all(max),
         }
-        let b = self.open(name)?;
-        ensure!(
-            b.size() <= max,
-            "{name} takes {} bytes, over {max}",
-            b.size()
-        );
-        let mut bytes = vec![0u8; b.size() as usize];
-        b.read_exact_at(&mut bytes, 0)?;
-        Ok(bytes)
     }
 
     /// The names of the files right in it.
@@ -313,10 +308,11 @@ impl Folder {
                 .with_context(|| format!("reading folder {}", p.display()))?
                 .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
                 .collect(),
-            Folder::Objects(p, blobs) => blobs
+            Folder::Objects(p, objects) => objects
                 .iter()
-                .filter(|b| b.path().parent() == Some(p))
-                .map(Blob::name)
+                .map(path_of)
+                .filter(|o| o.parent() == Some(p))
+                .filter_map(|o| Some(o.file_name()?.to_string_lossy().into_owned()))
                 .collect(),
         })
     }
@@ -325,13 +321,13 @@ impl Folder {
     fn sub(self, name: &str) -> Folder {
         match self {
             Folder::Local(p) => Folder::Local(p.join(name)),
-            Folder::Objects(p, blobs) => {
+            Folder::Objects(p, objects) => {
                 let p = p.join(name);
-                let blobs = blobs
+                let objects = objects
                     .into_iter()
-                    .filter(|b| b.path().starts_with(&p))
+                    .filter(|o| path_of(o).starts_with(&p))
                     .collect();
-                Folder::Objects(p, blobs)
+                Folder::Objects(p, objects)
             }
         }
     }

@@ -187,21 +187,13 @@ impl Listed {
     /// The image of sample `i`, whole, if it holds at most `max` bytes.
     fn read(&self, i: usize, max: u64) -> Result<Vec<u8>> {
         let (key, size, etag) = &self.images[i];
-        let object = crate::objects::Object {
+        super::Blob::of_object(crate::objects::Object {
             bucket: self.bucket.clone(),
             key: key.clone(),
             size: *size,
             etag: etag.clone(),
-        };
-        ensure!(
-            *size <= max,
-            "{} takes {size} bytes, over the {max} a sample may (limits.max_sample_bytes)",
-            object.url()
-        );
-        let blob = super::Blob::of_object(object);
-        let mut bytes = vec![0u8; *size as usize];
-        blob.read_exact_at(&mut bytes, 0)?;
-        Ok(bytes)
+        })
+        .read_all(max)
     }
 }
 
