@@ -193,18 +193,10 @@ impl Dataset {
     }
 
     /// Samples `start..start + count` from raw storage, each prepared (its record, or why
-    /// not), with the raw bytes read. Err: the range as a whole did not read (a file of it, or
-    /// the dataset's reader).
-    pub fn load_range(&self, start: u64, count: u64) -> Result<(Vec<Result<Vec<u8>>>, u64)> {
-        if let Some(p) = self.source.prepared() {
-            let (records, bytes) = p.load(start, count)?;
-            let name = &self.name;
-            let records = records
-                .into_iter()
-                .map(|r| r.with_context(|| format!("dataset {name:?}")))
-                .collect();
-            return Ok((records, bytes));
-        }
+    /// not), with the raw bytes read (blocking: a source read in this process; a reader's
+    /// samples are awaited through `source.prepared()`). Err: the range as a whole did not
+    /// read.
+    pub fn load_range(&self, start: u64, count: u64) -> Result<crate::source::Loaded> {
         let raw = self.source.read_range(start, count)?;
         let bytes = raw.iter().map(crate::fields::raw_bytes).sum();
         let records = (start..)
@@ -214,15 +206,9 @@ impl Dataset {
         Ok((records, bytes))
     }
 
-    /// Sample `index` from raw storage, prepared, with the raw bytes read.
+    /// Sample `index` from raw storage, prepared, with the raw bytes read (blocking, as
+    /// `load_range`).
     pub fn load(&self, index: u64) -> Result<(Vec<u8>, u64)> {
-        if self.source.prepared().is_some() {
-            let (mut records, bytes) = self.load_range(index, 1)?;
-            let record = records
-                .pop()
-                .context("a reader's answer without its sample")??;
-            return Ok((record, bytes));
-        }
         let raw = self.source.read(index).with_context(|| {
             format!(
                 "reading {} of dataset {:?}",
@@ -232,6 +218,23 @@ impl Dataset {
         })?;
         let bytes = crate::fields::raw_bytes(&raw);
         Ok((self.prepare(index, raw)?, bytes))
+    }
+
+    /// Samples `start..start + count` from the reader that prepares them (a dataset whose
+    /// source is `prepared`), awaited: each its record or why not (the sample's failure named
+    /// with the dataset), with the raw bytes read.
+    pub async fn load_prepared(&self, start: u64, count: u64) -> Result<crate::source::Loaded> {
+        let p = self
+            .source
+            .prepared()
+            .context("a dataset read in the daemon awaited as one a reader prepares")?;
+        let (records, bytes) = p.load(start, count).await?;
+        let name = &self.name;
+        let records = records
+            .into_iter()
+            .map(|r| r.with_context(|| format!("dataset {name:?}")))
+            .collect();
+        Ok((records, bytes))
     }
 
     /// Whether a sample that failed with `e` is skipped (else the stream fails): under
@@ -315,6 +318,23 @@ struct State {
     opening: std::collections::BTreeSet<String>,
     /// Files found so far by the open of each dataset being opened now.
     progress: BTreeMap<String, Arc<std::sync::atomic::AtomicU64>>,
+    /// The opens running now, by name: no other reconcile opens the same dataset meanwhile,
+    /// and what waits for one subscribes (it is done when the sender is dropped).
+    running: BTreeMap<String, tokio::sync::watch::Sender<()>>,
+}
+
+/// A dataset to open: planned under the catalog's lock, opened outside it (it may take a
+/// reader seconds, or a walk of a large folder), and published under it again.
+#[derive(Clone)]
+pub struct Job {
+    pub config: DatasetConfig,
+    /// Its table as text (a reload that changes it reopens it).
+    text: String,
+    /// Why it is opened again, if it was served.
+    why: String,
+    pub id: u32,
+    /// Files its open has found so far.
+    pub found: Arc<std::sync::atomic::AtomicU64>,
 }
 
 struct Served {
@@ -337,13 +357,13 @@ pub struct Changes {
 }
 
 impl Catalog {
-    /// Brings the datasets served in line with `configs` (blocking: it opens files): opens the
-    /// new ones and those that failed before, reopens those whose table changed or whose files
-    /// changed under the daemon, and stops serving those no longer listed. One that fails to
-    /// open (a missing or truncated file, a field of a type larder does not serve) is logged
-    /// and left out, with why: one bad entry does not take the daemon from everyone.
-    pub fn reconcile(&self, configs: &[DatasetConfig], limits: Limits) -> Changes {
+    /// Plans bringing the datasets served in line with `configs`: stops serving those no longer
+    /// listed (in the changes returned), and returns the datasets to open: new ones, those that
+    /// failed before, those whose table or files changed. Each is marked running until it is
+    /// published, so no other reconcile opens it meanwhile. Quick: it opens nothing.
+    pub fn plan(&self, configs: &[DatasetConfig]) -> (Changes, Vec<Job>) {
         let mut changes = Changes::default();
+        let mut jobs = vec![];
         let wanted: BTreeMap<&str, &DatasetConfig> =
             configs.iter().map(|c| (c.name.as_str(), c)).collect();
         {
@@ -366,6 +386,9 @@ impl Catalog {
             let text = format!("{c:?}");
             let stale = {
                 let state = self.read();
+                if state.running.contains_key(&c.name) {
+                    continue;
+                }
                 match state.served.get(&c.name) {
                     Some(s) if s.config != text => {
                         Some("its table in the config changed".to_string())
@@ -380,51 +403,81 @@ impl Catalog {
             if !self.closed(c, &mut changes) {
                 continue;
             }
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let mut state = self.write();
+            if state.running.contains_key(&c.name) {
+                continue;
+            }
             let found = Arc::new(std::sync::atomic::AtomicU64::new(0));
-            self.write().progress.insert(c.name.clone(), found.clone());
-            // A panic in a source's open (a parser's bug on a file a user wrote) is that
-            // dataset's failure, not every dataset's after it.
-            let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                crate::source::with_progress(&found, || open_dataset(id, c, limits))
-            }))
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("opening it failed (a panic; see the log)")));
-            self.write().progress.remove(&c.name);
-            match opened {
-                Ok(ds) => {
-                    if !why.is_empty() {
-                        tracing::info!(dataset = %c.name, "opened again: {why}");
-                    }
-                    let ds = Arc::new(ds);
-                    let mut state = self.write();
-                    state.failed.remove(&c.name);
-                    state.opening.remove(&c.name);
-                    let old = state.served.insert(
-                        c.name.clone(),
-                        Served {
-                            dataset: ds.clone(),
-                            config: text,
-                        },
-                    );
-                    changes.dropped.extend(old.map(|o| o.dataset.id));
-                    changes.opened.push(ds);
+            state.progress.insert(c.name.clone(), found.clone());
+            state
+                .running
+                .insert(c.name.clone(), tokio::sync::watch::channel(()).0);
+            jobs.push(Job {
+                config: c.clone(),
+                text,
+                why,
+                id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                found,
+            });
+        }
+        (changes, jobs)
+    }
+
+    /// Serves what the open of `job` gave (or records why it did not open), and lets what
+    /// waits for it go on: the changes to the datasets served.
+    pub fn publish(&self, job: Job, opened: Result<Dataset>) -> Changes {
+        let mut changes = Changes::default();
+        let c = &job.config;
+        let mut state = self.write();
+        state.progress.remove(&c.name);
+        state.running.remove(&c.name);
+        match opened {
+            Ok(ds) => {
+                if !job.why.is_empty() {
+                    tracing::info!(dataset = %c.name, "opened again: {}", job.why);
                 }
-                Err(e) => {
-                    let why = format!("{e:#}");
-                    let mut state = self.write();
-                    let before = state.failed.get(&c.name).map(|f| f.why.clone());
-                    if before.as_deref() != Some(why.as_str()) {
-                        tracing::error!(dataset = %c.name, "not serving the dataset: it does not open: {why}");
-                    }
-                    state.opening.remove(&c.name);
-                    if let Some(old) = state.served.remove(&c.name) {
-                        changes.dropped.push(old.dataset.id);
-                    }
-                    state.failed.insert(c.name.clone(), Failed { why });
+                let ds = Arc::new(ds);
+                state.failed.remove(&c.name);
+                state.opening.remove(&c.name);
+                let old = state.served.insert(
+                    c.name.clone(),
+                    Served {
+                        dataset: ds.clone(),
+                        config: job.text,
+                    },
+                );
+                changes.dropped.extend(old.map(|o| o.dataset.id));
+                changes.opened.push(ds);
+            }
+            Err(e) => {
+                let why = format!("{e:#}");
+                let before = state.failed.get(&c.name).map(|f| f.why.clone());
+                if before.as_deref() != Some(why.as_str()) {
+                    tracing::error!(dataset = %c.name, "not serving the dataset: it does not open: {why}");
                 }
+                state.opening.remove(&c.name);
+                if let Some(old) = state.served.remove(&c.name) {
+                    changes.dropped.push(old.dataset.id);
+                }
+                state.failed.insert(c.name.clone(), Failed { why });
             }
         }
         changes
+    }
+
+    /// Waits until no dataset `wanted` names is being opened.
+    pub async fn opened(&self, wanted: impl Fn(&str) -> bool) {
+        let waits: Vec<_> = self
+            .read()
+            .running
+            .iter()
+            .filter(|(n, _)| wanted(n))
+            .map(|(_, tx)| tx.subscribe())
+            .collect();
+        for mut rx in waits {
+            // Err once the sender is dropped: the open is published.
+            while rx.changed().await.is_ok() {}
+        }
     }
 
     /// Whether dataset `name` may be opened now: no version of it whose files changed is
@@ -526,22 +579,40 @@ impl Catalog {
     }
 }
 
-fn open_dataset(id: u32, c: &DatasetConfig, limits: Limits) -> Result<Dataset> {
-    // A user's dataset is read in a reader process running as them, where a launcher runs, and
-    // the config's (and root's) as the config's `reader_user` when it names one; else in this
-    // process (a user's with their rights on the reading thread: see `source::open`).
-    let opened = match (
+/// Opens the dataset of `job` (outside the catalog's lock): in a reader when a launcher runs
+/// (as its owner, or as `reader_user` for the config's), else in this process on a blocking
+/// thread (a user's with their rights on the reading thread: see `source::open`).
+pub async fn open_dataset(job: &Job, limits: Limits) -> Result<Dataset> {
+    let (id, c) = (job.id, &job.config);
+    let found = job.found.clone();
+    let remote = match (
         crate::privsep::launcher(),
         crate::source::owner_identity(c.owner),
         crate::privsep::config_reader(),
     ) {
-        (Some(launcher), Some(id), _) => {
-            crate::privsep::remote::open(launcher, id.as_ref().into(), c, &limits)?
+        (Some(launcher), Some(id), _) => Some((launcher, id.as_ref().into())),
+        (Some(launcher), None, Some(reader)) => Some((launcher, reader.clone())),
+        _ => None,
+    };
+    let opened = match remote {
+        Some((launcher, user)) => {
+            crate::privsep::remote::open(launcher, user, c, &limits, found).await?
         }
-        (Some(launcher), None, Some(reader)) => {
-            crate::privsep::remote::open(launcher, reader.clone(), c, &limits)?
+        None => {
+            let c = c.clone();
+            tokio::task::spawn_blocking(move || {
+                // A panic in a source's open (a parser's bug on a file a user wrote) is that
+                // dataset's failure, not every dataset's after it.
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    crate::source::with_progress(&found, || crate::source::open(&c, &limits))
+                }))
+                .unwrap_or_else(|_| {
+                    Err(anyhow::anyhow!("opening it failed (a panic; see the log)"))
+                })
+            })
+            .await
+            .context("opening it failed")??
         }
-        _ => crate::source::open(c, &limits)?,
     };
     // A file can claim any shape: one whose every sample is over the limit would have each
     // read allocate it (HDF5 reads into a buffer of the claimed size) and fail.

@@ -24,6 +24,17 @@ use tokio::sync::mpsc;
 /// A fetch in flight: the sample's bytes, or None for a sample skipped as bad.
 type Fetch = Shared<BoxFuture<'static, Result<Option<(Bytes, Tier)>, Arc<anyhow::Error>>>>;
 
+/// A granule of a dataset a reader prepares, being read: its records (each, or why not) and
+/// the raw bytes read, or why none could be had (the reader failed).
+type GranuleFetch = Shared<BoxFuture<'static, Result<Arc<Granule>, Arc<anyhow::Error>>>>;
+
+/// A granule's records as a reader prepared them.
+struct Granule {
+    start: u64,
+    records: Vec<Result<Bytes, Arc<anyhow::Error>>>,
+    raw_bytes: u64,
+}
+
 pub struct Store {
     pub memory: Arc<MemoryTier>,
     /// The scratch tier's directory and budget (None: off, or its directory is unusable), the
@@ -36,8 +47,12 @@ pub struct Store {
     /// Threads for the blocking work (disk reads, preprocessing).
     workers: Arc<Workers>,
     /// Striped by (dataset, granule): one worker reads a granule from raw storage while the
-    /// others that need it wait, then find their samples in the scratch tier.
+    /// others that need it wait, then find their samples in the scratch tier (a dataset read
+    /// in this process).
     granule_locks: Arc<[Mutex<()>]>,
+    /// The granules of datasets readers prepare being read now, by (dataset, first sample):
+    /// every sample of one is awaited from that one request (no lock held across the wait).
+    granules: Mutex<HashMap<(u32, u64), GranuleFetch>>,
     /// Every lookup, when a benchmark asked for it (`LARDER_TRACE`).
     trace: std::sync::OnceLock<Trace>,
     /// The next epochs of nodes' parts being read ahead, or read (`prefetch_next_epoch`).
@@ -80,6 +95,7 @@ impl Store {
             inflight: Mutex::new(HashMap::new()),
             workers: Arc::new(Workers::new(workers).context("starting the preprocessing threads")?),
             granule_locks: (0..GRANULE_LOCKS).map(|_| Mutex::new(())).collect(),
+            granules: Mutex::default(),
             trace: std::sync::OnceLock::new(),
             prefetches: Mutex::new(HashSet::new()),
             prefetch_turn: tokio::sync::Semaphore::new(1),
@@ -290,13 +306,128 @@ impl Store {
         result
     }
 
-    /// The sample through the scratch and raw tiers, on the worker pool. The outer error is
-    /// the daemon's (the pool); the inner one the sample's (its files do not read or decode).
-    async fn load(&self, ds: &Arc<Dataset>, index: u64) -> Result<Result<(Bytes, Tier, u64)>> {
+    /// The sample through the scratch and raw tiers: on the worker pool for a dataset read in
+    /// this process, awaited from its reader for one a reader prepares. The outer error is the
+    /// daemon's (the pool, or the reader); the inner one the sample's (its files do not read
+    /// or decode).
+    async fn load(
+        self: &Arc<Self>,
+        ds: &Arc<Dataset>,
+        index: u64,
+    ) -> Result<Result<(Bytes, Tier, u64)>> {
+        if ds.source.prepared().is_some() {
+            return self.load_prepared(ds, index).await;
+        }
         let (ds, locks, scratch) = (ds.clone(), self.granule_locks.clone(), self.scratch_of(ds));
         self.workers
             .run(move || load_blocking(&ds, scratch.as_deref(), &locks, index))
             .await
+    }
+
+    /// Sample `index` of a dataset a reader prepares: from the scratch tier (a read on the
+    /// pool), else with the rest of its granule from the reader, awaited here (the granule's
+    /// other samples go to the scratch tier, so their own misses later are scratch hits).
+    async fn load_prepared(
+        self: &Arc<Self>,
+        ds: &Arc<Dataset>,
+        index: u64,
+    ) -> Result<Result<(Bytes, Tier, u64)>> {
+        let scratch = self.scratch_of(ds);
+        if let Some(s) = scratch.clone().filter(|s| s.contains(index)) {
+            if let Some(data) = self.workers.run(move || s.read(index)).await? {
+                let n = data.len() as u64;
+                return Ok(Ok((data, Tier::Scratch, n)));
+            }
+        }
+        let granule = ds.source.read_granule().max(1);
+        let (start, count) = match &scratch {
+            Some(s) if granule > 1 && s.accepts_writes(index) => {
+                let start = index / granule * granule;
+                (start, granule.min(ds.len() - start))
+            }
+            _ => (index, 1),
+        };
+        let (fetch, first) = self.granule_fetch(ds, scratch, start, count);
+        let g = fetch
+            .await
+            .map_err(|e| anyhow::Error::from(Error::new(Error::kind_of(&e), format!("{e:#}"))))?;
+        let record = g.records[(index - g.start) as usize].clone();
+        Ok(match record {
+            // The sample that read the granule counts its raw bytes; the others of it would
+            // have been scratch hits.
+            Ok(data) if first => Ok((data, Tier::Raw, g.raw_bytes)),
+            Ok(data) => {
+                let n = data.len() as u64;
+                Ok((data, Tier::Scratch, n))
+            }
+            Err(e) => Err(Error::new(Error::kind_of(&e), format!("{e:#}")).into()),
+        })
+    }
+
+    /// The read of samples `start..start + count` of `ds` from its reader: the one in flight,
+    /// or a new one (then true), whose records are written to `scratch` before it is done.
+    fn granule_fetch(
+        self: &Arc<Self>,
+        ds: &Arc<Dataset>,
+        scratch: Option<Arc<ScratchTier>>,
+        start: u64,
+        count: u64,
+    ) -> (GranuleFetch, bool) {
+        let key = (ds.id, start);
+        let mut granules = self.granules.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = granules.get(&key) {
+            return (f.clone(), false);
+        }
+        let (store, ds) = (self.clone(), ds.clone());
+        let read = async move {
+            let loaded = ds.load_prepared(start, count).await;
+            let granule = match loaded {
+                Ok((records, raw_bytes)) => {
+                    let records: Vec<Result<Bytes, Arc<anyhow::Error>>> = records
+                        .into_iter()
+                        .map(|r| r.map(Bytes::from).map_err(Arc::new))
+                        .collect();
+                    let granule = Arc::new(Granule {
+                        start,
+                        records,
+                        raw_bytes,
+                    });
+                    if let Some(scratch) = scratch {
+                        let g = granule.clone();
+                        let _ = store
+                            .workers
+                            .run(move || {
+                                for (i, r) in (g.start..).zip(&g.records) {
+                                    if let Ok(d) = r {
+                                        if !scratch.contains(i) && !scratch.write(i, d) {
+                                            break; // the budget or the disk is full
+                                        }
+                                    }
+                                }
+                            })
+                            .await;
+                    }
+                    Ok(granule)
+                }
+                Err(e) => Err(Arc::new(e)),
+            };
+            store
+                .granules
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&(ds.id, start));
+            granule
+        };
+        // Its own task: it finishes (and fills the scratch tier) even if every waiter goes.
+        let task = tokio::spawn(read);
+        let f = async move {
+            task.await
+                .unwrap_or_else(|e| Err(Arc::new(anyhow!("a reader's read failed: {e}"))))
+        }
+        .boxed()
+        .shared();
+        granules.insert(key, f.clone());
+        (f, true)
     }
 
     /// Preprocesses every sample of `ds` missing from its scratch tier into it, reporting
@@ -316,13 +447,10 @@ impl Store {
         };
         let mut chunks = futures::stream::iter((0..total).step_by(CHUNK as usize))
             .map(|start| {
-                let (ds, workers, scratch) = (ds.clone(), self.workers.clone(), scratch.clone());
-                let memory = self.memory.clone();
+                let (store, ds, scratch) = (self.clone(), ds.clone(), scratch.clone());
                 async move {
                     let count = CHUNK.min(total - start);
-                    workers
-                        .run(move || warm_chunk(&ds, &scratch, &memory, start, count))
-                        .await?
+                    store.warm_range(&ds, &scratch, start, count).await
                 }
             })
             .buffer_unordered(self.workers.threads());
@@ -341,6 +469,39 @@ impl Store {
             }
         }
         Ok(state)
+    }
+
+    /// Warms samples `start..start + count` of `ds` into `scratch` (see `warm_chunk`): on the
+    /// pool for a dataset read in this process; from its reader, awaited here, for one a
+    /// reader prepares (the pool then only writes).
+    async fn warm_range(
+        self: &Arc<Self>,
+        ds: &Arc<Dataset>,
+        scratch: &Arc<ScratchTier>,
+        start: u64,
+        count: u64,
+    ) -> Result<Chunk> {
+        let (ds, scratch, memory) = (ds.clone(), scratch.clone(), self.memory.clone());
+        if ds.source.prepared().is_none() {
+            return self
+                .workers
+                .run(move || warm_chunk(&ds, &scratch, &memory, start, count))
+                .await?;
+        }
+        let missing: Vec<u64> = (start..start + count)
+            .filter(|&i| !scratch.contains(i))
+            .collect();
+        if missing.is_empty() {
+            return Ok(Chunk::present(count));
+        }
+        let (records, raw_bytes) = ds.load_prepared(start, count).await?;
+        let prepared = (start..)
+            .zip(records)
+            .filter(|(i, _)| missing.binary_search(i).is_ok())
+            .collect();
+        self.workers
+            .run(move || place(&ds, &scratch, &memory, count, prepared, raw_bytes))
+            .await?
     }
 }
 
@@ -410,17 +571,24 @@ impl Store {
                 if (start..start + count).all(|i| scratch.contains(i)) {
                     continue;
                 }
-                let (ds2, scratch2) = (ds.clone(), scratch.clone());
-                let (memory, locks) = (store.memory.clone(), store.granule_locks.clone());
-                let read = store
-                    .workers
-                    .run(move || {
-                        // The granule's lock, as a stream reading it takes: one raw read.
-                        let _reading = granule_lock(&locks, ds2.id, k);
-                        warm_chunk(&ds2, &scratch2, &memory, start, count)
-                    })
-                    .await;
-                match read.and_then(|r| r) {
+                let read = match ds.source.prepared() {
+                    Some(_) => store.warm_range(&ds, &scratch, start, count).await,
+                    None => {
+                        let (ds2, scratch2) = (ds.clone(), scratch.clone());
+                        let (memory, locks) = (store.memory.clone(), store.granule_locks.clone());
+                        store
+                            .workers
+                            .run(move || {
+                                // The granule's lock, as a stream reading it takes: one raw
+                                // read.
+                                let _reading = granule_lock(&locks, ds2.id, k);
+                                warm_chunk(&ds2, &scratch2, &memory, start, count)
+                            })
+                            .await
+                            .and_then(|r| r)
+                    }
+                };
+                match read {
                     Ok(chunk) => store
                         .metrics
                         .record_prefetch(chunk.written, chunk.raw_bytes),
@@ -486,6 +654,19 @@ struct Chunk {
     raw_bytes: u64,
 }
 
+impl Chunk {
+    /// A run of `count` samples all in the scratch tier already.
+    fn present(count: u64) -> Chunk {
+        Chunk {
+            written: 0,
+            present: count,
+            bad: 0,
+            count,
+            raw_bytes: 0,
+        }
+    }
+}
+
 /// Warms samples `start..start + count`. What it
 /// preprocesses is offered to the memory tier too, whose policy keeps what it would have kept
 /// had a stream read it (with no stream open, the most recent; with streams on the dataset,
@@ -501,13 +682,7 @@ fn warm_chunk(
         .filter(|&i| !scratch.contains(i))
         .collect();
     if missing.is_empty() {
-        return Ok(Chunk {
-            written: 0,
-            present: count,
-            bad: 0,
-            count,
-            raw_bytes: 0,
-        });
+        return Ok(Chunk::present(count));
     }
     // One range read beats many single reads when most of the range is needed; a range with a
     // file that does not read is read sample by sample, to find which.
@@ -534,6 +709,20 @@ fn warm_chunk(
             })
             .collect(),
     };
+    place(ds, scratch, memory, count, prepared, raw_bytes)
+}
+
+/// Writes the records `prepared` (of the samples missing among `count` of a range) to
+/// `scratch`, offering each to the memory tier too; a sample that failed is marked bad (or is
+/// the warm's error).
+fn place(
+    ds: &Dataset,
+    scratch: &ScratchTier,
+    memory: &MemoryTier,
+    count: u64,
+    prepared: Vec<(u64, Result<Vec<u8>>)>,
+    raw_bytes: u64,
+) -> Result<Chunk> {
     let (mut written, mut bad) = (0, 0);
     for (i, prepared) in prepared {
         let data = match prepared {

@@ -35,6 +35,8 @@ fn load(path: &std::path::Path) -> Result<larder::config::Config> {
 }
 
 fn main() -> Result<()> {
+    // A child of the daemon's (the launcher, a reader, a check) runs here and never returns.
+    larder::privsep::child::run_if_child();
     larder::init_logging("info");
     let args = Args::parse();
     // Before any thread, and before the config is read (a reader, forked from the launcher,

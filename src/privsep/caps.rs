@@ -115,3 +115,43 @@ pub fn keep_only_user_switching() -> Result<()> {
     ensure!(rc == 0, "capset: {}", std::io::Error::last_os_error());
     Ok(())
 }
+
+/// Keeps CAP_SETUID and CAP_SETGID (effective, permitted, inheritable) and raises them in the
+/// ambient set, so that they survive an exec of an executable without file capabilities (the
+/// launcher's, re-executed, for a daemon that is not root).
+pub fn raise_user_switching_ambient() -> Result<()> {
+    let mut h = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let keep = (1 << CAP_SETUID) | (1 << CAP_SETGID);
+    let d = [
+        Data {
+            effective: keep,
+            permitted: keep,
+            inheritable: keep,
+        },
+        Data::default(),
+    ];
+    // SAFETY: capset reads two Data structs for version 3.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()) };
+    ensure!(rc == 0, "capset: {}", std::io::Error::last_os_error());
+    for cap in [CAP_SETUID, CAP_SETGID] {
+        // SAFETY: prctl with integer arguments.
+        let rc = unsafe {
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_RAISE,
+                cap as libc::c_ulong,
+                0,
+                0,
+            )
+        };
+        ensure!(
+            rc == 0,
+            "raising capability {cap} in the ambient set: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}

@@ -7,7 +7,7 @@
 //! Requests (kind, then payload): `LIST` bucket, key; `GET` bucket, key, size, ETag, offset,
 //! length. An error is `FAILED`: whether the object changed, then why.
 
-use super::wire::{self, Writer};
+use super::wire::{self, kinds, Writer, FAILED};
 use crate::error::Kind;
 use crate::objects::{Fetch, Location, Object, MOST_GET_BYTES};
 use anyhow::{bail, ensure, Context, Result};
@@ -16,9 +16,13 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 
-const LIST: u8 = 1;
-const GET: u8 = 2;
-const FAILED: u8 = 255;
+kinds! {
+    /// A reader's requests on its objects channel.
+    enum Request {
+        List = 1,
+        Get = 2,
+    }
+}
 
 /// What a `FAILED` answer says of the failure: the object changed, the store did not answer,
 /// or else.
@@ -60,12 +64,12 @@ impl Channel {
     /// Sends a request and waits for its answer: the answer's memfd, or the daemon's error.
     /// A channel that fails is no file's fault: its error is of kind `Reader` (the stream
     /// ends, no sample is counted bad).
-    fn call(&self, kind: u8, payload: &[u8], max: u64) -> Result<Option<memmap2::Mmap>> {
+    fn call(&self, kind: Request, payload: &[u8], max: u64) -> Result<Option<memmap2::Mmap>> {
         let unavailable = |e: anyhow::Error| -> anyhow::Error {
             crate::error::Error::new(Kind::Reader, format!("the objects' channel: {e:#}")).into()
         };
         let id = self.next.fetch_add(1, Relaxed);
-        wire::send(self.sock.as_raw_fd(), kind, id, payload, None).map_err(unavailable)?;
+        wire::send(self.sock.as_raw_fd(), kind.into(), id, payload, &[]).map_err(unavailable)?;
         let m = self.answer_to(id).map_err(unavailable)?;
         if m.kind == FAILED {
             let mut r = wire::Reader::new(&m.payload);
@@ -78,11 +82,11 @@ impl Channel {
             return Err(crate::error::Error::new(kind, why).into());
         }
         ensure!(
-            m.kind == kind,
-            "an answer of kind {} to kind {kind}",
+            m.kind == u8::from(kind),
+            "an answer of kind {} to {kind:?}",
             m.kind
         );
-        match &m.fd {
+        match m.fd() {
             Some(fd) => wire::map_sealed(fd, max).map_err(unavailable),
             None => Ok(None),
         }
@@ -146,7 +150,7 @@ impl Fetch for Channel {
     fn list(&self, at: &Location) -> Result<Vec<Object>> {
         let mut w = Writer::default();
         w.str(&at.bucket).str(&at.key);
-        let map = self.call(LIST, &w.0, MOST_LIST_BYTES)?;
+        let map = self.call(Request::List, &w.0, MOST_LIST_BYTES)?;
         let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
         let mut r = wire::Reader::new(bytes);
         let n = r.count(13)?;
@@ -163,7 +167,7 @@ impl Fetch for Channel {
         write_object(&mut w, object);
         w.u64(offset).u64(len);
         ensure!(len <= MOST_GET_BYTES, "a read of {len} bytes");
-        let map = self.call(GET, &w.0, len)?;
+        let map = self.call(Request::Get, &w.0, len)?;
         let bytes = map.as_deref().unwrap_or(&[]);
         ensure!(
             bytes.len() as u64 == len,
@@ -236,7 +240,7 @@ const AT_ONCE: usize = 8;
 fn reply(fd: std::os::fd::RawFd, m: &wire::Message, scope: &Scope) {
     let sent = match answer(m, scope) {
         Ok(bytes) => wire::sealed_memfd("larder-object", &bytes)
-            .and_then(|f| wire::send(fd, m.kind, m.id, &[], Some(f.as_raw_fd()))),
+            .and_then(|f| wire::send(fd, m.kind, m.id, &[], &[f.as_raw_fd()])),
         Err(e) => Err(e),
     };
     if let Err(e) = sent {
@@ -249,7 +253,7 @@ fn reply(fd: std::os::fd::RawFd, m: &wire::Message, scope: &Scope) {
         let mut w = Writer::default();
         w.u8(kind).str(&format!("{e:#}"));
         // A reader gone: nothing to tell.
-        let _ = wire::send(fd, FAILED, m.id, &w.0, None);
+        let _ = wire::send(fd, FAILED, m.id, &w.0, &[]);
     }
 }
 
@@ -306,8 +310,8 @@ fn answer(m: &wire::Message, scope: &Scope) -> Result<Vec<u8>> {
         );
         Ok(())
     };
-    match m.kind {
-        LIST => {
+    match Request::try_from(m.kind)? {
+        Request::List => {
             let key = r.str()?.to_string();
             r.end()?;
             within(&key)?;
@@ -324,14 +328,13 @@ fn answer(m: &wire::Message, scope: &Scope) -> Result<Vec<u8>> {
             }
             Ok(w.0)
         }
-        GET => {
+        Request::Get => {
             let object = read_object(&mut r, &bucket)?;
             let (offset, len) = (r.u64()?, r.u64()?);
             r.end()?;
             within(&object.key)?;
             crate::objects::fetcher().get(&object, offset, len)
         }
-        other => bail!("unknown request {other}"),
     }
 }
 
@@ -345,7 +348,7 @@ mod tests {
             kind,
             id: 1,
             payload: payload.0.clone(),
-            fd: None,
+            fds: vec![],
         };
         let scope = Scope {
             at: Location::parse(std::path::Path::new(scope)).unwrap(),
@@ -377,12 +380,12 @@ mod tests {
             w
         };
         for (kind, w) in [
-            (GET, get("other", "train/a.tar")),
-            (GET, get("data", "train2/a.tar")),
-            (GET, get("data", "secrets/key")),
-            (LIST, list("data", "")),
-            (LIST, list("data", "train2")),
-            (LIST, list("other", "train")),
+            (Request::Get as u8, get("other", "train/a.tar")),
+            (Request::Get as u8, get("data", "train2/a.tar")),
+            (Request::Get as u8, get("data", "secrets/key")),
+            (Request::List as u8, list("data", "")),
+            (Request::List as u8, list("data", "train2")),
+            (Request::List as u8, list("other", "train")),
         ] {
             let said = asked(kind, &w, "s3://data/train");
             assert!(
@@ -391,8 +394,13 @@ mod tests {
             );
         }
         // A request cut short, or of no kind, is refused before anything is fetched.
-        let said = asked(GET, &list("data", "train/a.tar"), "s3://data/train");
+        let said = asked(
+            Request::Get as u8,
+            &list("data", "train/a.tar"),
+            "s3://data/train",
+        );
         assert!(said.contains("cut short"), "{said}");
-        assert!(asked(9, &list("data", "train"), "s3://data/train").contains("unknown request"));
+        let said = asked(9, &list("data", "train"), "s3://data/train");
+        assert!(said.contains("kind 9"), "{said}");
     }
 }

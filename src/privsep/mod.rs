@@ -20,8 +20,11 @@
 //! The threat model is in docs/admin.md ("Threat model").
 
 pub mod caps;
+pub mod child;
+pub mod exec;
 pub mod fetch;
 pub mod launcher;
+pub mod protocol;
 pub mod reader;
 pub mod remote;
 pub mod sandbox;
@@ -64,9 +67,9 @@ pub fn set_config_reader(name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// At the start of larderd, before any thread: when the process may switch users, forks the
-/// launcher, hands the access checks to it, and drops every capability of this process.
-/// Returns whether a launcher runs.
+/// At the start of larderd, before any thread: when the process may switch users, starts the
+/// launcher (a fresh run of this executable, with an empty environment), hands the access
+/// checks to it, and drops every capability of this process. Returns whether a launcher runs.
 pub fn separate() -> anyhow::Result<bool> {
     if !caps::can_switch_users() {
         return Ok(false);
@@ -76,9 +79,11 @@ pub fn separate() -> anyhow::Result<bool> {
     let threads = std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count());
     anyhow::ensure!(
         threads == 1,
-        "{threads} threads before the launcher is forked; larderd must start it first"
+        "{threads} threads before the launcher is started; larderd must start it first"
     );
-    let _ = LAUNCHER.set(launcher::Launcher::start()?);
+    let exe = exec::own_executable()?;
+    let _ = LAUNCHER.set(launcher::Launcher::start(&exe)?);
+    drop(exe);
     crate::access::set_checker(Box::new(|id, files| {
         launcher()
             .ok_or_else(|| "no launcher".to_string())?

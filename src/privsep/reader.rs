@@ -1,194 +1,358 @@
 //! A reader: the process that reads and decodes one user's dataset, as that user, with no
-//! capability and NO_NEW_PRIVS (the launcher made it so). It opens the dataset's files with
-//! the user's own rights, reads and preprocesses the samples the daemon asks for, and hands
-//! back their records in a sealed memfd. A crafted file that takes it over gets a process
-//! running as its own author, holding nothing of anyone else's.
+//! capability and NO_NEW_PRIVS (the launcher made it so), started afresh from the daemon's
+//! executable (`child`) with nothing of the daemon's: no environment, no memory, one socket.
+//! It opens the dataset's files with the user's own rights, reads and preprocesses the samples
+//! the daemon asks for, and hands back their records in sealed memfds. A crafted file that
+//! takes it over gets a process running as its own author, held to the dataset's files,
+//! holding nothing of anyone else's.
 //!
-//! Requests (kind, then payload), each answered under the same id:
-//! - `OPEN`: the dataset's table and the limits, as TOML. Answer: what it is (`Meta`), the
-//!   files of its access check and each sample's bytes on disk in a memfd.
-//! - `LOAD`: start, count. Answer: per sample its record (offset and length) or why not (a bad
-//!   sample, or files that changed), and the raw bytes read; the records follow the table in
-//!   the message when they fit, else they are in a memfd beside it.
+//! It speaks the reader protocol (`protocol`): `Hello`, then `Open` (walking the dataset
+//! before parsing any of it when the daemon sent no walk, and holding itself to the walk's
+//! files before its first byte is parsed), then `Load`s and `Check`s, answered by a few
+//! threads at once, and an `Alive` every half second from a thread of its own.
 //!
 //! Every answer is checked by the daemon (`remote`) before anything of it is used.
 
+use super::protocol::{self, Kind, Load, Opened, Outcome, Sizes};
 use super::wire::{self, Writer};
 use crate::config::{DatasetConfig, Limits};
-use crate::fields::{FieldSpec, Schema};
-use crate::source::Opened;
-use anyhow::{bail, ensure, Context, Result};
+use crate::source::Opened as OpenedSource;
+use anyhow::{ensure, Context, Result};
+use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::Arc;
-
-pub const OPEN: u8 = 1;
-pub const LOAD: u8 = 2;
-pub const FAILED: u8 = 255;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
 
 /// The most bytes of an answer sent in the message itself (a SOCK_SEQPACKET message must fit
 /// the socket's send buffer, about 208 KiB by default).
 const INLINE_MAX: usize = 128 << 10;
 
-/// A sample's outcome in a `LOAD` answer.
-pub const SAMPLE_OK: u8 = 0;
-pub const SAMPLE_BAD: u8 = 1;
-pub const SAMPLE_CHANGED: u8 = 2;
-
-/// An answer: its payload, and the memfd beside it.
-type Answer = (Vec<u8>, Option<OwnedFd>);
+/// A `Samples` answer is sent once it holds this many samples or bytes of records.
+const SAMPLES_AT_ONCE: usize = 64;
+const BYTES_AT_ONCE: usize = 32 << 20;
 
 /// The dataset a reader has open.
 struct Open {
-    opened: Opened,
+    opened: OpenedSource,
     limits: Limits,
 }
 
-/// The reader's loop. It first puts itself under its seccomp filter, then opens the dataset on
-/// its one thread (the first request must be `OPEN`) and holds itself to the dataset's files
-/// (Landlock binds the threads started after). Then requests come from `sock` until the daemon
-/// closes it, taken by a few threads at once (a SOCK_SEQPACKET socket hands each message whole
-/// to one of them), so a cold epoch decodes on every core the daemon's pool has. The process
-/// ends when the socket closes, whatever its threads are doing.
-pub fn serve(sock: OwnedFd) {
+/// Ends the reader without the daemon's exit handlers.
+fn end(code: i32) -> ! {
+    // SAFETY: _exit ends the process at once.
+    unsafe { libc::_exit(code) }
+}
+
+/// The reader's life, on `sock` (its one descriptor beside stdio): under its seccomp filter
+/// first, then the conversation. It ends when the socket closes, whatever its threads are doing.
+pub fn serve(sock: OwnedFd) -> ! {
     let fd = sock.as_raw_fd();
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(16));
     if let Err(e) = super::sandbox::restrict_syscalls() {
         eprintln!("larder reader: {e:#}");
-        // SAFETY: ends the reader without the daemon's exit handlers.
-        unsafe { libc::_exit(1) }
+        end(1);
     }
-    let Ok(Some(m)) = wire::recv(fd) else {
-        // SAFETY: as above.
-        unsafe { libc::_exit(0) }
+    let hello = match wire::recv(fd) {
+        Ok(Some(m)) => m,
+        _ => end(0),
     };
+    answer(fd, &hello, || {
+        ensure!(
+            Kind::try_from(hello.kind)? == Kind::Hello,
+            "the first request must be Hello"
+        );
+        protocol::check_hello(&hello.payload)?;
+        Ok((Kind::Hello, protocol::hello(), None))
+    });
+    let Ok(Some(m)) = wire::recv(fd) else { end(0) };
+    let found = Arc::new(AtomicU64::new(0));
     let mut opened = None;
     answer(fd, &m, || {
-        ensure!(m.kind == OPEN, "the first request must open the dataset");
-        let (ds, answer) = open_dataset(&m)?;
+        ensure!(
+            Kind::try_from(m.kind)? == Kind::Open,
+            "the second request must open the dataset"
+        );
+        let (ds, answer) = open_dataset(fd, &m, &found)?;
         opened = Some(Arc::new(ds));
         Ok(answer)
     });
-    let Some(ds) = opened else {
-        // SAFETY: as above: a reader whose dataset did not open has nothing more to do.
-        unsafe { libc::_exit(0) }
-    };
-    let work = move |ds: Arc<Open>| {
-        while let Ok(Some(m)) = wire::recv(fd) {
-            match m.kind {
-                LOAD => answer(fd, &m, || load(&ds, &m)),
-                _ => answer(fd, &m, || bail!("unknown request {}", m.kind)),
-            }
-        }
-        // SAFETY: ends the reader (and its threads) without the daemon's exit handlers.
-        unsafe { libc::_exit(0) }
-    };
-    for _ in 1..threads {
-        let ds = ds.clone();
-        std::thread::spawn(move || work(ds));
+    // A reader whose dataset did not open has nothing more to do.
+    let Some(ds) = opened else { end(0) };
+    let work = Arc::new(Work::default());
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(16));
+    for _ in 0..threads {
+        let (ds, work) = (ds.clone(), work.clone());
+        std::thread::spawn(move || work.serve(fd, &ds));
     }
-    work(ds);
+    while let Ok(Some(m)) = wire::recv(fd) {
+        match Kind::try_from(m.kind) {
+            Ok(Kind::Load) => match Load::read(&m.payload, ds.opened.source.len()) {
+                Ok(load) => work.push(m.id, load),
+                Err(e) => fail(fd, m.id, &e),
+            },
+            Ok(Kind::Check) => {
+                let changed = ds.opened.source.changed();
+                send(
+                    fd,
+                    Kind::Checked,
+                    m.id,
+                    &protocol::checked(changed.as_deref()),
+                    None,
+                );
+            }
+            Ok(k) => fail(fd, m.id, &anyhow::anyhow!("a request of kind {k:?}")),
+            Err(e) => fail(fd, m.id, &e),
+        }
+    }
     drop(sock);
+    end(0)
+}
+
+/// An answer: its kind, payload, and the memfd beside it.
+type Answer = (Kind, Vec<u8>, Option<OwnedFd>);
+
+/// Sends a message; a socket that no longer takes one ends the reader (the daemon has closed
+/// it, or given up on this reader).
+fn send(fd: RawFd, kind: Kind, id: u64, payload: &[u8], memfd: Option<&OwnedFd>) {
+    let fds: Vec<RawFd> = memfd.iter().map(|f| f.as_raw_fd()).collect();
+    if wire::send(fd, kind.into(), id, payload, &fds).is_err() {
+        end(0);
+    }
+}
+
+fn fail(fd: RawFd, id: u64, e: &anyhow::Error) {
+    if wire::send(fd, wire::FAILED, id, format!("{e:#}").as_bytes(), &[]).is_err() {
+        end(0);
+    }
 }
 
 /// Sends what `f` gives as the answer to `m`, or its error.
 fn answer(fd: RawFd, m: &wire::Message, f: impl FnOnce() -> Result<Answer>) {
-    let sent = match f() {
-        Ok((payload, memfd)) => wire::send(
-            fd,
-            m.kind,
-            m.id,
-            &payload,
-            memfd.as_ref().map(|f| f.as_raw_fd()),
-        ),
-        Err(e) => wire::send(fd, FAILED, m.id, format!("{e:#}").as_bytes(), None),
-    };
-    if let Err(e) = sent {
-        let _ = wire::send(
-            fd,
-            FAILED,
-            m.id,
-            format!("sending the answer: {e:#}").as_bytes(),
-            None,
-        );
+    match f() {
+        Ok((kind, payload, memfd)) => send(fd, kind, m.id, &payload, memfd.as_ref()),
+        Err(e) => fail(fd, m.id, &e),
     }
 }
 
-fn open_dataset(m: &wire::Message) -> Result<(Open, Answer)> {
-    let mut r = wire::Reader::new(&m.payload);
-    let table: toml::Table = toml::from_str(r.str()?).context("the dataset's table")?;
-    let limits: Limits = toml::from_str(r.str()?).context("the limits")?;
-    r.end()?;
+/// Opens the dataset of an `Open` request: walks it first when the request brought no walk
+/// (saying what it found in `Walked`, before any file is parsed), holds this process to the
+/// walk's files, starts the thread that says it is alive, then opens it.
+fn open_dataset(fd: RawFd, m: &wire::Message, found: &Arc<AtomicU64>) -> Result<(Open, Answer)> {
+    let request = protocol::Open::read(&m.payload)?;
+    let table: toml::Table = toml::from_str(&request.table).context("the dataset's table")?;
+    let limits: Limits = toml::from_str(&request.limits).context("the limits")?;
     let mut c = DatasetConfig::from_table(table)?;
+    let mut fds = m.fds.iter();
+    let walk = match request.walk {
+        true => {
+            let list = fds.next().context("no walk beside the request")?;
+            wire::paths_of(&wire::read_sealed(list, 1 << 34)?)
+        }
+        false => {
+            let mut said = Instant::now();
+            let walk = crate::source::walk::walk(&c.path, &mut |n| {
+                found.store(n, Relaxed);
+                if said.elapsed() >= protocol::ALIVE_EVERY {
+                    send(fd, Kind::Alive, 0, &protocol::alive(n), None);
+                    said = Instant::now();
+                }
+            })?;
+            let memfd = wire::sealed_memfd("larder-walk", &wire::path_list(walk.iter()))?;
+            send(fd, Kind::Walked, m.id, &[], Some(&memfd));
+            walk
+        }
+    };
     // A dataset in an object store is read through the channel the daemon sent with the
     // request: this process has no network and no credentials.
-    if let Some(fd) = &m.fd {
-        let channel = super::fetch::Channel::new(fd.try_clone()?);
+    if request.objects {
+        let channel = fds
+            .next()
+            .context("no objects channel beside the request")?;
+        let channel = super::fetch::Channel::new(channel.try_clone()?);
         crate::objects::install(Box::new(channel));
     }
-    // Read as this process is: the owner (the daemon set it, the launcher switched to it).
-    c.owner = None;
-    let opened = crate::source::open(&c, &limits)?;
-    let s = &opened.source;
-    // From here on the reader may open the dataset's files and nothing else.
-    let rules = super::sandbox::rules_for(s.root(), &s.files());
+    // From here on the reader may open the walk's files and nothing else: before the first
+    // byte of any of them is parsed. (Threads started after are held as this one is.)
+    let root = match crate::source::walk::is_pattern(&c.path) {
+        true => c.path.parent().map(PathBuf::from).unwrap_or_default(),
+        false => c.path.clone(),
+    };
+    let rules = super::sandbox::rules_for(&root, &walk);
     if super::sandbox::restrict_files(&rules)
         .context("holding the reader to the dataset's files")?
         == super::sandbox::Landlocked::Unsupported
     {
         eprintln!("larder reader: this kernel has no Landlock; the reader is held by its uid and seccomp alone");
     }
-    let mut w = Writer::default();
-    w.str(opened.format.name())
-        .u64(s.len())
-        .u64(s.read_granule())
-        .u64(s.disk_bytes())
-        .str(&s.describe())
-        .str(&s.version())
-        .str(&s.root().to_string_lossy())
-        .str(&opened.preprocess.describe());
-    write_schema(&mut w, &opened.schema);
-    // The bulk: each sample's bytes on disk, then the access check's files.
-    let mut bulk = Vec::with_capacity(s.len() as usize * 8);
-    for i in 0..s.len() {
-        bulk.extend_from_slice(&s.disk_bytes_of(i).to_le_bytes());
-    }
-    bulk.extend_from_slice(&wire::path_list(s.files().iter()));
-    let memfd = wire::sealed_memfd("larder-meta", &bulk)?;
-    Ok((Open { opened, limits }, (w.0, Some(memfd))))
+    let alive = found.clone();
+    std::thread::spawn(move || loop {
+        std::thread::sleep(protocol::ALIVE_EVERY);
+        send(
+            fd,
+            Kind::Alive,
+            0,
+            &protocol::alive(alive.load(Relaxed)),
+            None,
+        );
+    });
+    // Read as this process is: the owner (the daemon set it, the launcher switched to it).
+    c.owner = None;
+    let opened = crate::source::with_progress(found, || crate::source::open(&c, &limits))?;
+    let s = &opened.source;
+    let sizes: Vec<u64> = (0..s.len()).map(|i| s.disk_bytes_of(i)).collect();
+    let each = sizes
+        .first()
+        .copied()
+        .filter(|&f| sizes.iter().all(|&n| n == f));
+    let (sizes, memfd) = match each {
+        Some(n) => (Sizes::Each(n), None),
+        None if s.len() == 0 => (Sizes::Each(0), None),
+        None => {
+            let bytes: Vec<u8> = sizes
+                .iter()
+                .flat_map(|&n| (n.min(u32::MAX as u64) as u32).to_le_bytes())
+                .collect();
+            (
+                Sizes::PerSample,
+                Some(wire::sealed_memfd("larder-sizes", &bytes)?),
+            )
+        }
+    };
+    let answer = Opened {
+        kind: opened.format.name().to_string(),
+        len: s.len(),
+        granule: s.read_granule(),
+        disk_bytes: s.disk_bytes(),
+        describe: s.describe(),
+        version: s.version(),
+        root: s.root().to_path_buf(),
+        preprocess: opened.preprocess.describe(),
+        schema: opened.schema.clone(),
+        sizes,
+    };
+    Ok((
+        Open { opened, limits },
+        (Kind::Opened, answer.write(), memfd),
+    ))
 }
 
-/// Samples `start..start + count`, read (as one range when it reads) and preprocessed.
-fn load(ds: &Open, m: &wire::Message) -> Result<Answer> {
-    let mut r = wire::Reader::new(&m.payload);
-    let (start, count) = (r.u64()?, r.u64()?);
-    r.end()?;
+/// The loads asked for and not yet answered, taken by the reader's threads: each range by one
+/// thread, no more threads on one load than it grants.
+#[derive(Default)]
+struct Work {
+    queue: Mutex<VecDeque<Arc<Job>>>,
+    ready: Condvar,
+}
+
+/// One `Load`: its ranges not yet taken, the threads on it, what is left to answer.
+struct Job {
+    id: u64,
+    threads: u32,
+    state: Mutex<JobState>,
+}
+
+struct JobState {
+    ranges: VecDeque<(u64, u64)>,
+    busy: u32,
+    /// Ranges not yet answered (taken or not).
+    left: usize,
+    raw_bytes: u64,
+    samples: u64,
+}
+
+impl Work {
+    fn push(&self, id: u64, load: Load) {
+        let job = Arc::new(Job {
+            id,
+            threads: load.threads,
+            state: Mutex::new(JobState {
+                left: load.ranges.len(),
+                ranges: load.ranges.into(),
+                busy: 0,
+                raw_bytes: 0,
+                samples: 0,
+            }),
+        });
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(job);
+        self.ready.notify_all();
+    }
+
+    /// The next range some load lets one more thread take, oldest load first.
+    fn take(&self) -> (Arc<Job>, (u64, u64)) {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            q.retain(|j| {
+                !j.state
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .ranges
+                    .is_empty()
+            });
+            for job in q.iter() {
+                let mut s = job.state.lock().unwrap_or_else(|e| e.into_inner());
+                if s.busy < job.threads {
+                    if let Some(range) = s.ranges.pop_front() {
+                        s.busy += 1;
+                        drop(s);
+                        return (job.clone(), range);
+                    }
+                }
+            }
+            q = self.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn serve(&self, fd: RawFd, ds: &Open) {
+        loop {
+            let (job, (start, count)) = self.take();
+            let (raw_bytes, samples) = load(fd, job.id, ds, start, count);
+            let mut s = job.state.lock().unwrap_or_else(|e| e.into_inner());
+            s.busy -= 1;
+            s.left -= 1;
+            s.raw_bytes += raw_bytes;
+            s.samples += samples;
+            let finished = s.left == 0;
+            let (raw, n) = (s.raw_bytes, s.samples);
+            drop(s);
+            if finished {
+                send(fd, Kind::Done, job.id, &protocol::done(raw, n), None);
+            }
+            // A thread freed: a load held back by its grant may go on.
+            self.ready.notify_all();
+        }
+    }
+}
+
+/// Samples `start..start + count`, read (as one range when it reads) and preprocessed, sent in
+/// `Samples` answers to request `id` as they are ready; returns the raw bytes read and the
+/// samples answered. A failure of the whole range (an object store that does not answer) is
+/// the request's: `FAILED`, and the daemon ends its streams.
+fn load(fd: RawFd, id: u64, ds: &Open, start: u64, count: u64) -> (u64, u64) {
     let s = &ds.opened.source;
-    anyhow::ensure!(
-        count > 0 && count <= crate::source::MAX_GRANULE && start.saturating_add(count) <= s.len(),
-        "samples {start}..+{count} of {}",
-        s.len()
-    );
     let raw: Vec<(u64, Result<crate::fields::RawSample>)> = match s.read_range(start, count) {
         Ok(all) => (start..).zip(all.into_iter().map(Ok)).collect(),
         Err(_) => (start..start + count).map(|i| (i, s.read(i))).collect(),
     };
-    // An object store that did not answer is no sample's fault: the whole request fails, and
-    // with it the stream (the daemon says the dataset is not served now).
     if let Some(e) = raw.iter().find_map(|(_, r)| {
         r.as_ref()
             .err()
             .filter(|e| crate::error::Error::kind_of(e) == crate::error::Kind::Reader)
     }) {
-        bail!("{e:#}");
+        fail(fd, id, e);
+        return (0, 0);
     }
-    let mut records = Vec::new();
-    let mut w = Writer::default();
     let raw_bytes: u64 = raw
         .iter()
         .filter_map(|(_, r)| r.as_ref().ok())
         .map(crate::fields::raw_bytes)
         .sum();
-    w.u64(raw_bytes).u32(raw.len() as u32);
+    let mut table = vec![];
+    let mut records = vec![];
+    let answered = raw.len() as u64;
     for (i, sample) in raw {
         let prepared = sample
             .with_context(|| format!("reading {}", s.sample_name(i)))
@@ -196,87 +360,47 @@ fn load(ds: &Open, m: &wire::Message) -> Result<Answer> {
                 crate::pipeline::prepare(&ds.opened.preprocess, &ds.opened.schema, &ds.limits, raw)
                     .with_context(|| format!("preprocessing {}", s.sample_name(i)))
             });
-        match prepared {
+        let outcome = match prepared {
             Ok(record) => {
-                w.u8(SAMPLE_OK)
-                    .u64(records.len() as u64)
-                    .u64(record.len() as u64);
+                let at = records.len() as u64;
                 records.extend_from_slice(&record);
+                Outcome::Record {
+                    at,
+                    len: record.len() as u64,
+                }
             }
-            Err(e) => {
-                let changed = crate::error::Error::kind_of(&e) == crate::error::Kind::Changed;
-                w.u8(if changed { SAMPLE_CHANGED } else { SAMPLE_BAD })
-                    .str(&format!("{e:#}"));
+            Err(e) if crate::error::Error::kind_of(&e) == crate::error::Kind::Changed => {
+                Outcome::Changed(format!("{e:#}"))
             }
-        }
-    }
-    // Records that fit go in the message itself, after the table; more in a sealed memfd.
-    if w.0.len() + records.len() <= INLINE_MAX {
-        w.0.extend_from_slice(&records);
-        return Ok((w.0, None));
-    }
-    let memfd = wire::sealed_memfd("larder-records", &records)?;
-    Ok((w.0, Some(memfd)))
-}
-
-/// A schema as a reader sends it.
-pub fn write_schema(w: &mut Writer, schema: &Schema) {
-    w.u32(schema.fields.len() as u32);
-    for f in &schema.fields {
-        w.str(&f.name).str(f.dtype.name()).u32(f.shape.len() as u32);
-        for d in &f.shape {
-            match d {
-                Some(d) => w.u8(1).u32(*d),
-                None => w.u8(0),
-            };
-        }
-        match &f.pair {
-            Some(p) => w.u8(1).str(&p.with).u32(p.scale),
-            None => w.u8(0),
+            Err(e) => Outcome::Bad(format!("{e:#}")),
         };
-        w.str(f.resample.name());
-    }
-}
-
-/// A schema as the daemon reads it from a reader (every name and number checked).
-pub fn read_schema(r: &mut wire::Reader) -> Result<Schema> {
-    use crate::fields::{DType, Pairing, Resample};
-    let n = r.count(8)?;
-    anyhow::ensure!(n <= 1024, "{n} fields");
-    let mut fields = Vec::with_capacity(n);
-    for _ in 0..n {
-        let name = r.str()?.to_string();
-        let dtype = r.str()?;
-        let dtype = DType::ALL
-            .into_iter()
-            .find(|d| d.name() == dtype)
-            .with_context(|| format!("dtype {dtype:?}"))?;
-        let dims = r.count(1)?;
-        anyhow::ensure!(dims <= 8, "{dims} dims");
-        let shape = (0..dims)
-            .map(|_| Ok(if r.u8()? == 1 { Some(r.u32()?) } else { None }))
-            .collect::<Result<Vec<_>>>()?;
-        anyhow::ensure!(
-            shape.iter().flatten().all(|&d| d <= 1 << 24),
-            "field {name:?}: a dim over 2^24"
-        );
-        let mut spec = FieldSpec::new(&name, dtype, shape);
-        if r.u8()? == 1 {
-            let with = r.str()?.to_string();
-            let scale = r.u32()?;
-            anyhow::ensure!(
-                (1..=64).contains(&scale),
-                "field {name:?}: a pair scale of {scale}"
+        table.push((i, outcome));
+        if table.len() >= SAMPLES_AT_ONCE || records.len() >= BYTES_AT_ONCE {
+            send_samples(
+                fd,
+                id,
+                &std::mem::take(&mut table),
+                &std::mem::take(&mut records),
             );
-            spec.pair = Some(Pairing { with, scale });
         }
-        spec.resample = match r.str()? {
-            "nearest" => Resample::Nearest,
-            "linear" => Resample::Linear,
-            "cubic" => Resample::Cubic,
-            other => bail!("resample {other:?}"),
-        };
-        fields.push(spec);
     }
-    Schema::new(fields)
+    if !table.is_empty() {
+        send_samples(fd, id, &table, &records);
+    }
+    (raw_bytes, answered)
+}
+
+/// One `Samples` answer: records that fit go in the message itself, after the table; more in
+/// a sealed memfd.
+fn send_samples(fd: RawFd, id: u64, table: &[(u64, Outcome)], records: &[u8]) {
+    let mut w = Writer::default();
+    protocol::write_samples(&mut w, table);
+    if w.0.len() + records.len() <= INLINE_MAX {
+        w.0.extend_from_slice(records);
+        return send(fd, Kind::Samples, id, &w.0, None);
+    }
+    match wire::sealed_memfd("larder-records", records) {
+        Ok(memfd) => send(fd, Kind::Samples, id, &w.0, Some(&memfd)),
+        Err(e) => fail(fd, id, &e),
+    }
 }

@@ -1,41 +1,43 @@
-//! The daemon's side of a reader: a dataset a user added, opened and read in a reader process
-//! running as its owner (see `reader`), seen by the rest of the daemon as a `Source` whose
-//! samples come prepared. Everything a reader says is checked before it is used: lengths and
-//! offsets against the memfd that holds the bytes, each record against the dataset's schema
-//! and the sample limit, what it is against what it was when first opened.
+//! The daemon's side of a reader: a dataset read in a reader process running as its owner (see
+//! `reader`), seen by the rest of the daemon as a `Source` whose samples come prepared.
+//! Everything a reader says is checked before it is used: lengths and offsets against the
+//! memfd that holds the bytes, each record against the dataset's schema and the sample limit,
+//! what it is against what it was when first opened.
 //!
-//! A reader that crashes, hangs (no answer within [`ANSWER_WITHIN`]) or lies costs its
-//! dataset's streams an error naming the dataset (UNAVAILABLE), and is started again on the
-//! next request, no sooner than a backoff that doubles with each failure in a row (1 s to 30 s).
-//! The daemon and every other dataset go on.
+//! Nothing shared waits on a reader: its answers are received by a task of its own on the
+//! runtime, requests are awaited there (no thread parked on its socket, no lock held across the
+//! wait), and a send to a reader that does not read fails at once. A reader is alive while it
+//! answers or says so (`Alive`); one silent for `protocol::SILENT_WITHIN` with requests to
+//! answer (stopped, wedged), one that crashes or lies costs its dataset's streams an error
+//! naming the dataset (UNAVAILABLE), and is started again on the next request, no sooner than a
+//! backoff that doubles with each failure in a row (1 s to 30 s). The daemon and every other
+//! dataset go on.
 
 use super::launcher::{Launcher, User};
-use super::reader::{self, FAILED, LOAD, OPEN, SAMPLE_BAD, SAMPLE_CHANGED, SAMPLE_OK};
-use super::wire::{self, Writer};
+use super::protocol::{self, Kind, Outcome, Sizes};
+use super::wire;
 use crate::config::{DatasetConfig, Limits};
-use crate::error::{Error, Kind};
-use crate::fields::Schema;
+use crate::error::{Error, Kind as ErrorKind};
 use crate::objects::Location;
 use crate::pipeline::Preprocess;
 use crate::source::{Format, Opened, Prepared, Provenance, RawSample, RawSource};
 use anyhow::{anyhow, bail, ensure, Context, Result};
+use futures::future::BoxFuture;
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
 
-/// How long a reader has to answer a request before it is taken for hung, and how much longer
-/// for each sample of it.
-pub const ANSWER_WITHIN: Duration = Duration::from_secs(8);
-const PER_SAMPLE: Duration = Duration::from_millis(50);
-/// The most bytes of records one answer may hold (a granule's).
+/// How long a reader that says it is alive may take over a request without answering any of
+/// it (a decoder looping on a crafted file) before it is taken for wedged: a `Load` between
+/// two of its samples, an `Open` in all (a large folder is walked and its files looked at).
+const LOAD_STALL: Duration = Duration::from_secs(120);
+const OPEN_WITHIN: Duration = Duration::from_secs(1800);
+/// The most bytes of records one `Samples` answer may hold.
 const MOST_ANSWER_BYTES: u64 = 256 << 20;
-/// The most bytes of what a dataset is (sizes and file names).
-const MOST_META_BYTES: u64 = 1 << 30;
-/// How long opening a dataset may take (a large folder is walked).
-pub const OPEN_WITHIN: Duration = Duration::from_secs(600);
 /// Restarts after failures in a row wait this long, doubling, up to `MOST_BACKOFF`.
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MOST_BACKOFF: Duration = Duration::from_secs(30);
@@ -43,182 +45,283 @@ const MOST_BACKOFF: Duration = Duration::from_secs(30);
 /// Readers that failed, since the daemon started.
 pub static READER_FAILURES: AtomicU64 = AtomicU64::new(0);
 
+/// A request waiting for its answers: where they go, and how long it may go without one.
+struct Waiter {
+    tx: mpsc::UnboundedSender<wire::Message>,
+    /// When it was sent or last answered.
+    since: Instant,
+    within: Duration,
+}
+
 /// One reader process: its socket, and the answers its requests wait for.
 struct Connection {
-    sock: OwnedFd,
-    pending: Mutex<HashMap<u64, mpsc::Sender<wire::Message>>>,
+    channel: wire::Channel,
+    pending: Mutex<HashMap<u64, Waiter>>,
     next: AtomicU64,
+    /// When anything last came from it.
+    heard: Mutex<Instant>,
+    /// Files its open has found so far (its `Alive`s say).
+    found: Arc<AtomicU64>,
     /// Why it no longer serves, once it does not.
     dead: Mutex<Option<String>>,
 }
 
-impl Connection {
-    /// A reader for `user`, from the launcher; its answers are read on a thread of its own.
-    fn start(launcher: &Launcher, user: &User) -> Result<Arc<Connection>> {
-        Connection::over(launcher.spawn_reader(user)?)
-    }
+/// Why a request got no answer: the reader said why not (`FAILED`), or it failed.
+#[derive(Debug)]
+enum Failure {
+    Refused(String),
+    Dead(String),
+}
 
-    /// The reader at the other end of `sock`.
-    fn over(sock: OwnedFd) -> Result<Arc<Connection>> {
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Refused(why) | Failure::Dead(why) => f.write_str(why),
+        }
+    }
+}
+
+/// The answers to one request, as they come.
+struct Reply<'a> {
+    conn: &'a Connection,
+    rx: mpsc::UnboundedReceiver<wire::Message>,
+}
+
+impl Reply<'_> {
+    /// The next answer (never `FAILED`: that is `Failure::Refused`).
+    async fn next(&mut self) -> Result<wire::Message, Failure> {
+        match self.rx.recv().await {
+            Some(m) if m.kind == wire::FAILED => Err(Failure::Refused(m.failure())),
+            Some(m) => Ok(m),
+            None => Err(Failure::Dead(
+                self.conn
+                    .dead()
+                    .unwrap_or_else(|| "the reader ended".into()),
+            )),
+        }
+    }
+}
+
+impl Connection {
+    /// The reader at the other end of `sock`, its answers received by a task of its own on the
+    /// runtime of the caller.
+    fn over(sock: OwnedFd, found: Arc<AtomicU64>) -> Result<Arc<Connection>> {
         let c = Arc::new(Connection {
-            sock,
+            channel: wire::Channel::new(sock)?,
             pending: Mutex::default(),
             next: AtomicU64::new(1),
+            heard: Mutex::new(Instant::now()),
+            found,
             dead: Mutex::default(),
         });
-        let weak = Arc::downgrade(&c);
-        // The thread reads through a descriptor of its own: the connection's may be closed
-        // (and its number reused by another socket) while the thread still waits on it; a
-        // shutdown of either ends the wait.
-        let own = c.sock.try_clone().context("a reader's socket")?;
-        std::thread::Builder::new()
-            .name("larder-reader-answers".into())
-            .spawn(move || loop {
-                let got = wire::recv(own.as_raw_fd());
-                let Some(c) = weak.upgrade() else { return };
-                let m = match got {
-                    Ok(Some(m)) => m,
-                    Ok(None) => {
-                        return c.fail("the reader process ended (it crashed or was killed)")
-                    }
-                    Err(e) => {
-                        return c.fail(&format!("the reader sent what is not a message: {e:#}"))
-                    }
-                };
-                let waiting = c
-                    .pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&m.id);
-                match waiting {
-                    Some(tx) => {
-                        let _ = tx.send(m);
-                    }
-                    None => {
-                        return c.fail(&format!(
-                            "the reader answered request {} that was not asked",
-                            m.id
-                        ))
-                    }
-                }
-            })
-            .context("starting the thread that reads a reader's answers")?;
+        tokio::spawn(c.clone().receive());
         Ok(c)
     }
 
-    /// Marks the reader failed: every request waiting and to come gets `why`.
+    /// Receives the reader's answers until it fails or closes, handing each to its request,
+    /// and watches for silence and stalls.
+    async fn receive(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tokio::select! {
+                got = self.channel.recv() => match got {
+                    Ok(Some(m)) => {
+                        if let Err(why) = self.route(m) {
+                            return self.fail(&why);
+                        }
+                    }
+                    Ok(None) => return self.fail("the reader process ended (it crashed or was killed)"),
+                    Err(e) => return self.fail(&format!("the reader sent what is not a message: {e:#}")),
+                },
+                _ = tick.tick() => {
+                    if self.dead().is_some() {
+                        return;
+                    }
+                    if let Some(why) = self.stuck() {
+                        return self.fail(&why);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Hands `m` to the request it answers.
+    fn route(&self, m: wire::Message) -> Result<(), String> {
+        *lock(&self.heard) = Instant::now();
+        if m.id == 0 {
+            return match Kind::try_from(m.kind) {
+                Ok(Kind::Alive) => {
+                    let found = protocol::read_alive(&m.payload).map_err(|e| format!("{e:#}"))?;
+                    self.found.store(found, Relaxed);
+                    Ok(())
+                }
+                _ => Err(format!(
+                    "the reader sent a message of kind {} unasked",
+                    m.kind
+                )),
+            };
+        }
+        if m.id >= self.next.load(Relaxed) {
+            return Err(format!(
+                "the reader answered request {} that was not asked",
+                m.id
+            ));
+        }
+        let last = m.kind == wire::FAILED
+            || matches!(
+                Kind::try_from(m.kind),
+                Ok(Kind::Hello | Kind::Opened | Kind::Done | Kind::Checked)
+            );
+        let id = m.id;
+        let mut pending = lock(&self.pending);
+        // A request given up on (its waiter gone) gets no more: what comes for it is dropped.
+        let Some(w) = pending.get_mut(&id) else {
+            return Ok(());
+        };
+        w.since = Instant::now();
+        let gone = w.tx.send(m).is_err();
+        if last || gone {
+            pending.remove(&id);
+        }
+        Ok(())
+    }
+
+    /// Why the reader is taken for stuck, if it is: silent too long with requests to answer,
+    /// or a request without an answer too long.
+    fn stuck(&self) -> Option<String> {
+        let pending = lock(&self.pending);
+        if pending.is_empty() {
+            return None;
+        }
+        let silent = lock(&self.heard).elapsed();
+        if silent > protocol::SILENT_WITHIN {
+            return Some(format!(
+                "the reader has said nothing for {} s (stopped, or stuck in a system call)",
+                silent.as_secs()
+            ));
+        }
+        pending
+            .values()
+            .find(|w| w.since.elapsed() > w.within)
+            .map(|w| {
+                format!(
+                    "the reader answered nothing of a request for {} s (wedged)",
+                    w.within.as_secs()
+                )
+            })
+    }
+
+    /// Marks the reader failed: every request waiting and to come gets `why`, and its socket
+    /// is shut (the reader sees it closed and ends).
     fn fail(&self, why: &str) {
-        let mut dead = self.dead.lock().unwrap_or_else(|e| e.into_inner());
+        let mut dead = lock(&self.dead);
         if dead.is_none() {
             *dead = Some(why.to_string());
             READER_FAILURES.fetch_add(1, Relaxed);
         }
         drop(dead);
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
-        // SAFETY: shutdown on our own socket; the reader sees it closed and ends.
-        unsafe { libc::shutdown(self.sock.as_raw_fd(), libc::SHUT_RDWR) };
+        lock(&self.pending).clear();
+        self.channel.shutdown();
     }
 
     fn dead(&self) -> Option<String> {
-        self.dead.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        lock(&self.dead).clone()
     }
 
-    /// Sends a request and waits for its answer; a reader's own error comes back as Err(Ok(why)),
-    /// a failed reader as Err(Err(why)).
+    /// Sends a request with `fds` beside it; its answers come through the reply. Err when the
+    /// reader has failed or does not take the request.
     fn call(
         &self,
-        kind: u8,
+        kind: Kind,
         payload: &[u8],
+        fds: &[RawFd],
         within: Duration,
-    ) -> Result<wire::Message, Result<String, String>> {
-        self.call_with(kind, payload, None, within)
-    }
-
-    /// `call`, with `fd` sent beside the request.
-    fn call_with(
-        &self,
-        kind: u8,
-        payload: &[u8],
-        fd: Option<&OwnedFd>,
-        within: Duration,
-    ) -> Result<wire::Message, Result<String, String>> {
+    ) -> Result<Reply<'_>, Failure> {
         if let Some(why) = self.dead() {
-            return Err(Err(why));
+            return Err(Failure::Dead(why));
         }
         let id = self.next.fetch_add(1, Relaxed);
-        let (tx, rx) = mpsc::channel();
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, tx);
-        let fd = fd.map(|f| f.as_raw_fd());
-        if let Err(e) = wire::send(self.sock.as_raw_fd(), kind, id, payload, fd) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let waiter = Waiter {
+            tx,
+            since: Instant::now(),
+            within,
+        };
+        {
+            let mut pending = lock(&self.pending);
+            // A reader that owed nothing may have been quiet: its silence counts from now.
+            // (Requests while it owes answers do not move it: a stopped reader is found
+            // however often it is asked.)
+            if pending.is_empty() {
+                *lock(&self.heard) = Instant::now();
+            }
+            pending.insert(id, waiter);
+        }
+        if let Err(e) = self.channel.send(kind.into(), id, payload, fds) {
             self.fail(&format!("sending to the reader: {e:#}"));
-            return Err(Err(self.dead().unwrap_or_default()));
+            return Err(Failure::Dead(self.dead().unwrap_or_default()));
         }
-        match rx.recv_timeout(within) {
-            Ok(m) if m.kind == FAILED => Err(Ok(String::from_utf8_lossy(&m.payload).into_owned())),
-            Ok(m) if m.kind == kind => Ok(m),
-            Ok(m) => {
-                self.fail(&format!(
-                    "the reader answered a request of kind {kind} with kind {}",
-                    m.kind
-                ));
-                Err(Err(self.dead().unwrap_or_default()))
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                self.fail(&format!(
-                    "the reader did not answer within {} s",
-                    within.as_secs()
-                ));
-                Err(Err(self.dead().unwrap_or_default()))
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(Err(self
-                .dead()
-                .unwrap_or_else(|| "the reader ended".into()))),
+        Ok(Reply { conn: self, rx })
+    }
+
+    /// One request, one answer of kind `want`.
+    async fn ask(
+        &self,
+        kind: Kind,
+        payload: &[u8],
+        fds: &[RawFd],
+        want: Kind,
+        within: Duration,
+    ) -> Result<wire::Message, Failure> {
+        let mut reply = self.call(kind, payload, fds, within)?;
+        let m = reply.next().await?;
+        self.expect(&m, want)?;
+        Ok(m)
+    }
+
+    /// Fails the reader unless `m` is of kind `want`.
+    fn expect(&self, m: &wire::Message, want: Kind) -> Result<(), Failure> {
+        if Kind::try_from(m.kind).ok() == Some(want) {
+            return Ok(());
         }
+        self.fail(&format!(
+            "the reader answered with kind {} where {want:?} was due",
+            m.kind
+        ));
+        Err(Failure::Dead(self.dead().unwrap_or_default()))
     }
 }
 
-impl Drop for Connection {
-    fn drop(&mut self) {
-        // SAFETY: shutdown on our own socket: the answers' thread and the reader both end.
-        unsafe { libc::shutdown(self.sock.as_raw_fd(), libc::SHUT_RDWR) };
-    }
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// What a reader says its dataset is.
-#[derive(Debug, Clone, PartialEq)]
-struct Meta {
-    kind: String,
-    len: u64,
-    granule: u64,
-    disk_bytes: u64,
-    describe: String,
-    version: String,
-    root: PathBuf,
-    preprocess: String,
-    schema: Schema,
+/// Each sample's bytes on disk, as its reader said.
+enum SampleSizes {
+    Each(u64),
+    PerSample(Box<[u32]>),
 }
 
-/// A user's dataset read by readers running as its owner.
+/// A dataset read by readers running as its owner (or as `reader_user`).
 pub struct RemoteSource {
     name: String,
     /// Where a new reader comes from after a failure (None: nowhere; the tests' readers).
     launcher: Option<&'static Launcher>,
     user: User,
-    /// The request that opens it: its table and the limits, as TOML.
-    open_request: Vec<u8>,
+    /// The request that opens it (its table and the limits).
+    open_request: protocol::Open,
     /// Where its objects are, for a dataset in an object store: each reader gets a channel
     /// to them that reaches no further.
     objects: Option<Location>,
-    meta: Meta,
-    sizes: Vec<u64>,
+    meta: protocol::Opened,
+    sizes: SampleSizes,
+    /// Its files, as walked before any was parsed: what a new reader is held to, and what
+    /// users are checked against.
+    walk: Arc<[PathBuf]>,
     files: Arc<[PathBuf]>,
     max_sample_bytes: u64,
+    /// Loads its owner's readers may have in flight at once (shared by all their datasets).
+    slots: Arc<tokio::sync::Semaphore>,
     state: Mutex<State>,
     /// Why its files no longer read as they did when it was opened, once a reader said so.
     changed: Mutex<Option<String>>,
@@ -233,6 +336,14 @@ struct State {
     restarting: bool,
 }
 
+impl Drop for RemoteSource {
+    fn drop(&mut self) {
+        if let Some(r) = lock(&self.state).reader.take() {
+            r.fail("its dataset is no longer served");
+        }
+    }
+}
+
 /// How long to wait before starting a reader again after `failures` failures in a row.
 fn backoff(failures: u32) -> Duration {
     FIRST_BACKOFF
@@ -240,51 +351,103 @@ fn backoff(failures: u32) -> Duration {
         .min(MOST_BACKOFF)
 }
 
-/// Opens dataset `c` (a user's) in a reader running as `user`.
-pub fn open(
+/// The loads in flight at once to the readers of user `uid`, all their datasets together:
+/// two per core, so the threads one user's readers decode on never outnumber another's by
+/// more than that (the kernel shares the cores between threads), and no user's loads wait for
+/// another's.
+fn slots_of(uid: u32) -> Arc<tokio::sync::Semaphore> {
+    static SLOTS: std::sync::OnceLock<Mutex<HashMap<u32, Arc<tokio::sync::Semaphore>>>> =
+        std::sync::OnceLock::new();
+    let per_user = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
+    lock(SLOTS.get_or_init(Mutex::default))
+        .entry(uid)
+        .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(per_user)))
+        .clone()
+}
+
+/// Opens dataset `c` in a new reader running as `user`, counting in `found` the files its
+/// open finds.
+pub async fn open(
     launcher: &'static Launcher,
     user: User,
     c: &DatasetConfig,
     limits: &Limits,
+    found: Arc<AtomicU64>,
 ) -> Result<Opened> {
-    let mut w = Writer::default();
-    w.str(&toml::to_string(&c.to_table()?)?)
-        .str(&toml::to_string(limits)?);
-    let open_request = w.0;
-    let reader = Connection::start(launcher, &user)?;
-    from_reader(Some(launcher), user, c, limits, open_request, reader)
+    let reader = start(launcher, &user, found).await?;
+    from_reader(Some(launcher), user, c, limits, reader).await
+}
+
+/// A new reader for `user`, greeted.
+async fn start(
+    launcher: &'static Launcher,
+    user: &User,
+    found: Arc<AtomicU64>,
+) -> Result<Arc<Connection>> {
+    let u = user.clone();
+    let sock = tokio::task::spawn_blocking(move || launcher.spawn_reader(&u))
+        .await
+        .context("starting a reader")??;
+    greet(Connection::over(sock, found)?).await
+}
+
+/// `reader`, once it has said it speaks this protocol.
+async fn greet(reader: Arc<Connection>) -> Result<Arc<Connection>> {
+    let m = reader
+        .ask(
+            Kind::Hello,
+            &protocol::hello(),
+            &[],
+            Kind::Hello,
+            LOAD_STALL,
+        )
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
+    protocol::check_hello(&m.payload).inspect_err(|e| reader.fail(&format!("{e:#}")))?;
+    Ok(reader)
 }
 
 /// Opens dataset `c` in `reader`, the first reader of its dataset.
-fn from_reader(
+async fn from_reader(
     launcher: Option<&'static Launcher>,
     user: User,
     c: &DatasetConfig,
     limits: &Limits,
-    open_request: Vec<u8>,
     reader: Arc<Connection>,
 ) -> Result<Opened> {
     let objects = crate::objects::is_url(&c.path)
         .then(|| Location::scope_of(&c.path))
         .transpose()?;
-    let (meta, sizes, mut files) = open_in(&reader, &open_request, objects.as_ref(), limits)?;
-    if objects.is_some() {
-        // Who may have it follows from where it is, which the daemon knows: not from what a
-        // reader (one a crafted object took over) says its files are.
-        files = vec![c.path.clone()];
-    }
+    let open_request = protocol::Open {
+        table: toml::to_string(&c.to_table()?)?,
+        limits: toml::to_string(limits)?,
+        walk: false,
+        objects: objects.is_some(),
+    };
+    let (meta, sizes, walk) =
+        open_in(&reader, &open_request, None, objects.as_ref(), limits).await?;
+    // Who may have it follows from what it is, which the daemon knows: its files as walked
+    // before any was parsed, or for an object store its location (which only `allow` grants),
+    // never what a reader (one a crafted file took over) says later.
+    let walk: Arc<[PathBuf]> = walk.into();
+    let files = match objects {
+        Some(_) => Arc::from(vec![c.path.clone()]),
+        None => walk.clone(),
+    };
     let format = crate::source::format_named(&meta.kind)?;
     let schema = meta.schema.clone();
     let preprocess = Preprocess::Elsewhere(meta.preprocess.clone());
     let source = RemoteSource {
         name: c.name.clone(),
         launcher,
+        slots: slots_of(user.uid),
         user,
         open_request,
         objects,
         meta,
         sizes,
-        files: files.into(),
+        walk,
+        files,
         max_sample_bytes: limits.max_sample_bytes,
         state: Mutex::new(State {
             reader: Some(reader),
@@ -302,126 +465,158 @@ fn from_reader(
     })
 }
 
-/// Opens the dataset in `reader`: what it is, each sample's bytes on disk, its files.
-fn open_in(
+/// The most bytes of a walk's list of files.
+const MOST_WALK_BYTES: u64 = 16 << 30;
+
+/// Opens the dataset in `reader`, handing it `walk` when the daemon has one: what it is, each
+/// sample's bytes on disk, and its files as walked.
+async fn open_in(
     reader: &Connection,
-    request: &[u8],
+    request: &protocol::Open,
+    walk: Option<&[PathBuf]>,
     objects: Option<&Location>,
     limits: &Limits,
-) -> Result<(Meta, Vec<u64>, Vec<PathBuf>)> {
+) -> Result<(protocol::Opened, SampleSizes, Vec<PathBuf>)> {
+    let mut fds: Vec<OwnedFd> = vec![];
+    if let Some(walk) = walk {
+        fds.push(wire::sealed_memfd(
+            "larder-walk",
+            &wire::path_list(walk.iter()),
+        )?);
+    }
     // A dataset in an object store: the reader's end of a channel to its objects goes with
     // the request, the daemon's is served until the reader closes it.
-    let channel = match objects {
-        Some(scope) => {
-            let (ours, theirs) = wire::pair()?;
-            super::fetch::serve(ours, scope.clone())?;
-            Some(theirs)
+    if let Some(scope) = objects {
+        let (ours, theirs) = wire::pair()?;
+        super::fetch::serve(ours, scope.clone())?;
+        fds.push(theirs);
+    }
+    let request = protocol::Open {
+        table: request.table.clone(),
+        limits: request.limits.clone(),
+        walk: walk.is_some(),
+        objects: request.objects,
+    };
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let failed = |e: Failure| anyhow!("{e}");
+    let mut reply = reader
+        .call(Kind::Open, &request.write(), &raw, OPEN_WITHIN)
+        .map_err(failed)?;
+    drop(fds);
+    let mut m = reply.next().await.map_err(failed)?;
+    let walk = match walk {
+        Some(w) => w.to_vec(),
+        None => {
+            reader.expect(&m, Kind::Walked).map_err(failed)?;
+            let list = m.fd().context("a walk without its list")?;
+            let walked = wire::paths_of(&wire::read_sealed(list, MOST_WALK_BYTES)?);
+            m = reply.next().await.map_err(failed)?;
+            walked
         }
-        None => None,
     };
-    let m = reader
-        .call_with(OPEN, request, channel.as_ref(), OPEN_WITHIN)
-        .map_err(|e| match e {
-            Ok(why) => anyhow!("{why}"),
-            Err(why) => anyhow!("{why}"),
-        })?;
-    let mut r = wire::Reader::new(&m.payload);
-    let meta = Meta {
-        kind: r.str()?.to_string(),
-        len: r.u64()?,
-        granule: r.u64()?,
-        disk_bytes: r.u64()?,
-        describe: r.str()?.to_string(),
-        version: r.str()?.to_string(),
-        root: PathBuf::from(r.str()?),
-        preprocess: r.str()?.to_string(),
-        schema: reader::read_schema(&mut r)?,
-    };
-    r.end()?;
-    ensure!(
-        (1..=crate::source::MAX_GRANULE).contains(&meta.granule),
-        "a granule of {}",
-        meta.granule
-    );
-    ensure!(meta.len <= 1 << 32, "{} samples", meta.len);
+    reader.expect(&m, Kind::Opened).map_err(failed)?;
+    let meta = protocol::Opened::read(&m.payload)?;
+    ensure!(meta.granule >= 1, "a granule of {}", meta.granule);
+    ensure!(meta.len <= 1 << 40, "{} samples", meta.len);
     if let Some(bytes) = meta.schema.fixed_record_bytes() {
         ensure!(bytes <= limits.max_sample_bytes, "samples of {bytes} bytes");
     }
-    // Mapped, not read whole: only the bytes taken below are copied.
-    let map = wire::map_sealed(m.fd.as_ref().context("no metadata")?, MOST_META_BYTES)?;
-    let bulk: &[u8] = map.as_deref().unwrap_or(&[]);
-    let sizes_end = meta
-        .len
-        .checked_mul(8)
-        .filter(|&n| n <= bulk.len() as u64)
-        .context("sizes past the metadata's end")? as usize;
     // A sample's bytes on disk weigh its place in the memory tier: at most a sample's limit.
-    let sizes = bulk[..sizes_end]
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()).min(limits.max_sample_bytes))
-        .collect();
-    let files = wire::paths_of(&bulk[sizes_end..]);
-    Ok((meta, sizes, files))
+    let sizes = match meta.sizes {
+        Sizes::Each(n) => SampleSizes::Each(n.min(limits.max_sample_bytes)),
+        Sizes::PerSample => {
+            let want = meta.len.checked_mul(4).context("sizes past any memfd")?;
+            // Mapped, not read whole: only the bytes taken below are copied.
+            let map = wire::map_sealed(m.fd().context("no sizes beside the answer")?, want)?;
+            let bulk: &[u8] = map.as_deref().unwrap_or(&[]);
+            ensure!(
+                bulk.len() as u64 == want,
+                "sizes for {} samples",
+                bulk.len() / 4
+            );
+            let most = limits.max_sample_bytes.min(u32::MAX as u64) as u32;
+            SampleSizes::PerSample(
+                bulk.chunks_exact(4)
+                    .map(|c| u32::from_le_bytes(c.try_into().unwrap()).min(most))
+                    .collect(),
+            )
+        }
+    };
+    Ok((meta, sizes, walk))
 }
 
 impl RemoteSource {
     /// The reader serving now, started (again) if there is none and the backoff allows. The
     /// start runs outside the lock: requests meanwhile are told the reader is starting.
-    fn reader(&self) -> Result<Arc<Connection>> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(r) = &state.reader {
-            match r.dead() {
-                None => return Ok(r.clone()),
-                Some(why) => {
-                    state.reader = None;
-                    state.failures += 1;
-                    let wait = backoff(state.failures);
-                    state.retry_at = Some(Instant::now() + wait);
-                    tracing::warn!(dataset = %self.name, uid = self.user.uid, "reader failed: {why}; started again in {} s at the earliest", wait.as_secs());
-                    return Err(self.unavailable(&why));
+    async fn reader(&self) -> Result<Arc<Connection>> {
+        let launcher = {
+            let mut state = lock(&self.state);
+            if let Some(r) = &state.reader {
+                match r.dead() {
+                    None => return Ok(r.clone()),
+                    Some(why) => {
+                        state.reader = None;
+                        state.failures += 1;
+                        let wait = backoff(state.failures);
+                        state.retry_at = Some(Instant::now() + wait);
+                        tracing::warn!(dataset = %self.name, uid = self.user.uid, "reader failed: {why}; started again in {} s at the earliest", wait.as_secs());
+                        return Err(self.unavailable(&why));
+                    }
                 }
             }
-        }
-        if state.restarting {
-            return Err(self.unavailable("its reader is being started again"));
-        }
-        if let Some(at) = state.retry_at.filter(|at| Instant::now() < *at) {
-            let left = at.saturating_duration_since(Instant::now()).as_secs() + 1;
-            return Err(self.unavailable(&format!(
-                "its reader failed; it is started again in {left} s"
-            )));
-        }
-        let launcher = self
-            .launcher
-            .ok_or_else(|| self.unavailable("its reader failed, and none is started again here"))?;
-        state.restarting = true;
-        drop(state);
+            if state.restarting {
+                return Err(self.unavailable("its reader is being started again"));
+            }
+            if let Some(at) = state.retry_at.filter(|at| Instant::now() < *at) {
+                let left = at.saturating_duration_since(Instant::now()).as_secs() + 1;
+                return Err(self.unavailable(&format!(
+                    "its reader failed; it is started again in {left} s"
+                )));
+            }
+            let launcher = self.launcher.ok_or_else(|| {
+                self.unavailable("its reader failed, and none is started again here")
+            })?;
+            state.restarting = true;
+            launcher
+        };
         let limits = Limits {
             max_sample_bytes: self.max_sample_bytes,
             ..Limits::default()
         };
-        let started = Connection::start(launcher, &self.user).and_then(|r| {
-            open_in(&r, &self.open_request, self.objects.as_ref(), &limits).map(|m| (r, m))
-        });
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        // The new reader is given the walk: it opens no file but those, and walks nothing.
+        let started = async {
+            let r = start(launcher, &self.user, Arc::default()).await?;
+            let opened = open_in(
+                &r,
+                &self.open_request,
+                Some(&self.walk),
+                self.objects.as_ref(),
+                &limits,
+            )
+            .await;
+            opened.map(|(meta, _, _)| (r, meta))
+        }
+        .await;
+        let mut state = lock(&self.state);
         state.restarting = false;
         let failed = |state: &mut State| {
             state.failures += 1;
             state.retry_at = Some(Instant::now() + backoff(state.failures));
         };
         match started {
-            Ok((r, (meta, _, _))) if meta == self.meta => {
+            Ok((r, meta)) if meta == self.meta => {
                 state.reader = Some(r.clone());
                 Ok(r)
             }
-            Ok(_) => {
+            Ok((r, _)) => {
+                r.fail("it finds other data than the dataset opened");
                 failed(&mut state);
                 let why = format!(
                     "dataset {:?} changed since it was opened (its reader, started again, finds other data); it is opened again",
                     self.name
                 );
-                *self.changed.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
-                Err(Error::new(Kind::Changed, why).into())
+                *lock(&self.changed) = Some(why.clone());
+                Err(Error::new(ErrorKind::Changed, why).into())
             }
             Err(e) => {
                 failed(&mut state);
@@ -432,58 +627,111 @@ impl RemoteSource {
 
     fn unavailable(&self, why: &str) -> anyhow::Error {
         Error::new(
-            Kind::Reader,
+            ErrorKind::Reader,
             format!("dataset {:?} is not served now: {why}", self.name),
         )
         .into()
     }
 
-    /// The records of a `LOAD` answer, each checked against the schema and the limit: in the
-    /// message after its table, or in the memfd beside it.
-    fn records(&self, m: &wire::Message, count: u64) -> Result<(Vec<Result<Vec<u8>>>, u64)> {
-        enum Outcome {
-            Record(u64, u64),
-            Failed(anyhow::Error),
-        }
-        let mut r = wire::Reader::new(&m.payload);
-        let raw_bytes = r.u64()?;
-        let n = r.u32()? as u64;
-        ensure!(n == count, "{n} samples for {count} asked");
-        let mut outcomes = Vec::with_capacity(n as usize);
-        for _ in 0..n {
-            outcomes.push(match r.u8()? {
-                SAMPLE_OK => {
-                    let (at, len) = (r.u64()?, r.u64()?);
-                    ensure!(len <= self.max_sample_bytes, "a record of {len} bytes");
-                    Outcome::Record(at, len)
+    /// Samples `start..start + count` from the reader: each its record (checked against the
+    /// schema and the limit) or why not, and the raw bytes read.
+    async fn load_now(&self, start: u64, count: u64) -> Result<crate::source::Loaded> {
+        ensure!(
+            count > 0
+                && count <= protocol::MOST_LOAD_SAMPLES
+                && start.checked_add(count).is_some_and(|e| e <= self.meta.len),
+            "samples {start}..+{count} of {}",
+            self.meta.len
+        );
+        let reader = self.reader().await?;
+        // A slot of the owner's, held while the reader works for this load: no thread waits.
+        let _slot = self
+            .slots
+            .acquire()
+            .await
+            .context("the daemon is stopping")?;
+        let load = protocol::Load {
+            threads: 1,
+            ranges: vec![(start, count)],
+        };
+        let answered = async {
+            let mut reply = reader.call(Kind::Load, &load.write(), &[], LOAD_STALL)?;
+            let mut records: Vec<Option<Result<Vec<u8>>>> = (0..count).map(|_| None).collect();
+            loop {
+                let m = reply.next().await?;
+                match Kind::try_from(m.kind) {
+                    Ok(Kind::Samples) => {
+                        self.take_samples(&m, start, &mut records).map_err(|e| {
+                            reader.fail(&format!("the reader's answer does not hold: {e:#}"));
+                            Failure::Dead(format!("its reader sent what does not hold ({e:#})"))
+                        })?
+                    }
+                    Ok(Kind::Done) => {
+                        let held = (|| {
+                            let (raw, n) = protocol::read_done(&m.payload)?;
+                            ensure!(n == count, "{n} samples for {count} asked");
+                            let all = records.into_iter().collect::<Option<Vec<_>>>();
+                            Ok((all.context("a load done without all its samples")?, raw))
+                        })();
+                        return held.map_err(|e: anyhow::Error| {
+                            reader.fail(&format!("the reader's answer does not hold: {e:#}"));
+                            Failure::Dead(format!("its reader sent what does not hold ({e:#})"))
+                        });
+                    }
+                    _ => {
+                        reader.expect(&m, Kind::Done)?;
+                    }
                 }
-                SAMPLE_BAD => Outcome::Failed(anyhow!("{}", r.str()?)),
-                SAMPLE_CHANGED => {
-                    let why = r.str()?.to_string();
-                    *self.changed.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
-                    Outcome::Failed(Error::new(Kind::Changed, why).into())
-                }
-                k => bail!("a sample outcome {k}"),
-            });
+            }
         }
-        let most = count
+        .await;
+        match answered {
+            Ok(records) => {
+                lock(&self.state).failures = 0;
+                Ok(records)
+            }
+            // The reader's own failure to answer: the stream ends, no sample is to blame.
+            Err(Failure::Refused(why)) => {
+                Err(self.unavailable(&format!("its reader failed a read: {why}")))
+            }
+            // Seen at the next request, which starts the reader again after the backoff.
+            Err(Failure::Dead(why)) => Err(self.unavailable(&why)),
+        }
+    }
+
+    /// The samples of a `Samples` answer into `records` (of the samples from `start`), each
+    /// checked against the schema and the limit: in the message after its table, or in the
+    /// memfd beside it.
+    fn take_samples(
+        &self,
+        m: &wire::Message,
+        start: u64,
+        records: &mut [Option<Result<Vec<u8>>>],
+    ) -> Result<()> {
+        let (table, mut rest) = protocol::read_samples(&m.payload)?;
+        let most = (table.len() as u64)
             .saturating_mul(self.max_sample_bytes)
             .min(MOST_ANSWER_BYTES);
-        let map = match &m.fd {
+        let map = match m.fd() {
             Some(fd) => {
-                r.end()?;
+                rest.end()?;
                 wire::map_sealed(fd, most)?
             }
             None => None,
         };
         let bytes: &[u8] = match &map {
             Some(map) => map,
-            None => r.rest(),
+            None => rest.rest(),
         };
-        outcomes
-            .into_iter()
-            .map(|o| match o {
-                Outcome::Record(at, len) => {
+        for (i, outcome) in table {
+            let slot = i
+                .checked_sub(start)
+                .and_then(|k| records.get_mut(k as usize))
+                .with_context(|| format!("sample {i}, which was not asked"))?;
+            ensure!(slot.is_none(), "sample {i} answered twice");
+            *slot = Some(match outcome {
+                Outcome::Record { at, len } => {
+                    ensure!(len <= self.max_sample_bytes, "a record of {len} bytes");
                     let end = at
                         .checked_add(len)
                         .filter(|&e| e <= bytes.len() as u64)
@@ -493,18 +741,41 @@ impl RemoteSource {
                         .schema
                         .decode(&record)
                         .context("a record that does not fit the dataset's fields")?;
-                    Ok(Ok(record))
+                    Ok(record)
                 }
-                Outcome::Failed(e) => Ok(Err(e)),
-            })
-            .collect::<Result<Vec<_>>>()
-            .map(|records| (records, raw_bytes))
+                Outcome::Bad(why) => Err(anyhow!("{why}")),
+                Outcome::Changed(why) => {
+                    *lock(&self.changed) = Some(why.clone());
+                    Err(Error::new(ErrorKind::Changed, why).into())
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Asks the reader serving now whether the dataset's files still read as they did (an
+    /// image folder with files added, a file rewritten), and notes its answer for `changed`.
+    /// Does nothing while no reader serves (a new one compares what it finds at its start).
+    pub async fn recheck(&self) {
+        let Some(reader) = lock(&self.state).reader.clone() else {
+            return;
+        };
+        if let Ok(m) = reader
+            .ask(Kind::Check, &[], &[], Kind::Checked, LOAD_STALL)
+            .await
+        {
+            match protocol::read_checked(&m.payload) {
+                Ok(Some(why)) => *lock(&self.changed) = Some(why),
+                Ok(None) => {}
+                Err(e) => reader.fail(&format!("the reader's answer does not hold: {e:#}")),
+            }
+        }
     }
 }
 
 impl Prepared for RemoteSource {
     fn down(&self) -> Option<String> {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let state = lock(&self.state);
         if let Some(why) = state.reader.as_ref().and_then(|r| r.dead()) {
             return Some(format!("its reader failed: {why}"));
         }
@@ -517,35 +788,12 @@ impl Prepared for RemoteSource {
             .map(|_| "its reader failed; it is started again after a backoff".into())
     }
 
-    fn load(&self, start: u64, count: u64) -> Result<(Vec<Result<Vec<u8>>>, u64)> {
-        ensure!(
-            count > 0 && start.checked_add(count).is_some_and(|e| e <= self.meta.len),
-            "samples {start}..+{count} of {}",
-            self.meta.len
-        );
-        let reader = self.reader()?;
-        let mut w = Writer::default();
-        w.u64(start).u64(count);
-        let within = ANSWER_WITHIN + PER_SAMPLE * count.min(1 << 16) as u32;
-        match reader.call(LOAD, &w.0, within) {
-            Ok(m) => {
-                let records = self.records(&m, count).map_err(|e| {
-                    reader.fail(&format!("the reader's answer does not hold: {e:#}"));
-                    self.unavailable(&format!("its reader sent what does not hold ({e:#})"))
-                })?;
-                self.state
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .failures = 0;
-                Ok(records)
-            }
-            // The reader's own failure to answer: the stream ends, no sample is to blame.
-            Err(Ok(why)) => Err(self.unavailable(&format!("its reader failed a read: {why}"))),
-            Err(Err(why)) => {
-                // Seen at the next request, which starts the reader again after the backoff.
-                Err(self.unavailable(&why))
-            }
-        }
+    fn load(&self, start: u64, count: u64) -> BoxFuture<'_, Result<crate::source::Loaded>> {
+        Box::pin(self.load_now(start, count))
+    }
+
+    fn recheck(&self) -> BoxFuture<'_, ()> {
+        Box::pin(RemoteSource::recheck(self))
     }
 }
 
@@ -570,7 +818,10 @@ impl RawSource for RemoteSource {
     }
 
     fn disk_bytes_of(&self, index: u64) -> u64 {
-        self.sizes.get(index as usize).copied().unwrap_or(0)
+        match &self.sizes {
+            SampleSizes::Each(n) => *n,
+            SampleSizes::PerSample(s) => s.get(index as usize).map_or(0, |&n| n as u64),
+        }
     }
 
     fn describe(&self) -> String {
@@ -598,10 +849,7 @@ impl Provenance for RemoteSource {
                 self.user.uid
             ));
         }
-        self.changed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        lock(&self.changed).clone()
     }
 
     fn files(&self) -> Arc<[PathBuf]> {
@@ -614,298 +862,4 @@ impl Provenance for RemoteSource {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::fields::{DType, FieldSpec};
-
-    /// What a lying reader answers to a `LOAD` of samples 0..2 (after an honest `OPEN`).
-    enum Lie {
-        PastTheEnd,
-        NotTheSchema,
-        Unsealed,
-        WrongCount,
-        NotAsked,
-        Silent,
-        Gone,
-    }
-
-    /// A dataset of two samples of one uint8 [4] field, read by a fake reader that lies.
-    fn lied_to(lie: Lie) -> anyhow::Error {
-        let (daemon_end, reader_end) = wire::pair().unwrap();
-        std::thread::spawn(move || {
-            let fd = reader_end.as_raw_fd();
-            while let Ok(Some(m)) = wire::recv(fd) {
-                if m.kind == OPEN {
-                    let (payload, bulk) = honest_open();
-                    let bulk = wire::sealed_memfd("m", &bulk.unwrap()).unwrap();
-                    wire::send(fd, OPEN, m.id, &payload, Some(bulk.as_raw_fd())).unwrap();
-                    continue;
-                }
-                let records = |n: usize| wire::sealed_memfd("r", &vec![7u8; n]).unwrap();
-                let mut w = Writer::default();
-                w.u64(8);
-                let (id, memfd) = match lie {
-                    Lie::PastTheEnd => {
-                        w.u32(2)
-                            .u8(SAMPLE_OK)
-                            .u64(0)
-                            .u64(4)
-                            .u8(SAMPLE_OK)
-                            .u64(4)
-                            .u64(4);
-                        (m.id, records(6))
-                    }
-                    Lie::NotTheSchema => {
-                        w.u32(2)
-                            .u8(SAMPLE_OK)
-                            .u64(0)
-                            .u64(3)
-                            .u8(SAMPLE_OK)
-                            .u64(3)
-                            .u64(5);
-                        (m.id, records(8))
-                    }
-                    Lie::Unsealed => {
-                        w.u32(2)
-                            .u8(SAMPLE_OK)
-                            .u64(0)
-                            .u64(4)
-                            .u8(SAMPLE_OK)
-                            .u64(4)
-                            .u64(4);
-                        (m.id, OwnedFd::from(tempfile::tempfile().unwrap()))
-                    }
-                    Lie::WrongCount => {
-                        w.u32(1).u8(SAMPLE_OK).u64(0).u64(4);
-                        (m.id, records(4))
-                    }
-                    Lie::NotAsked => {
-                        w.u32(2)
-                            .u8(SAMPLE_OK)
-                            .u64(0)
-                            .u64(4)
-                            .u8(SAMPLE_OK)
-                            .u64(4)
-                            .u64(4);
-                        (m.id + 1000, records(8))
-                    }
-                    Lie::Silent => continue,
-                    Lie::Gone => return,
-                };
-                let _ = wire::send(fd, LOAD, id, &w.0, Some(memfd.as_raw_fd()));
-            }
-        });
-        let table = "name = \"u/x\"\npath = \"/fake\"".to_string();
-        let c = DatasetConfig::from_table(toml::from_str(&table).unwrap()).unwrap();
-        let user = User {
-            uid: 1000,
-            gid: 1000,
-            groups: vec![],
-        };
-        let opened = from_reader(
-            None,
-            user,
-            &c,
-            &Limits::default(),
-            vec![],
-            Connection::over(daemon_end).unwrap(),
-        )
-        .unwrap();
-        let source = opened.source;
-        let p = source.prepared().unwrap();
-        let started = Instant::now();
-        let err = p.load(0, 2).unwrap_err();
-        assert!(started.elapsed() < ANSWER_WITHIN + Duration::from_secs(2));
-        assert_eq!(Error::kind_of(&err), Kind::Reader, "{err:#}");
-        assert!(
-            format!("{err:#}").contains("\"u/x\" is not served now"),
-            "{err:#}"
-        );
-        // The reader is done with: the next request says so at once.
-        let again = p.load(0, 1).unwrap_err();
-        assert_eq!(Error::kind_of(&again), Kind::Reader, "{again:#}");
-        err
-    }
-
-    #[test]
-    fn a_reader_that_lies_or_fails_costs_its_dataset_a_clear_error() {
-        for (lie, says) in [
-            (Lie::PastTheEnd, "past the end of the answer's records"),
-            (Lie::NotTheSchema, "does not fit the dataset's fields"),
-            (Lie::Unsealed, "not sealed"),
-            (Lie::WrongCount, "1 samples for 2 asked"),
-            (Lie::NotAsked, "not asked"),
-            (Lie::Gone, "the reader process ended"),
-        ] {
-            let err = format!("{:#}", lied_to(lie));
-            assert!(err.contains(says), "{says}: {err}");
-        }
-    }
-
-    #[test]
-    fn an_object_stores_access_follows_its_path_not_what_its_reader_says() {
-        // The reader says its files are /fake (which a user might read); the dataset is in an
-        // object store, so access is checked against its URL, which only `allow` grants.
-        let opened = fake_reader_at("s3://data/train", honest_open(), honest_load()).unwrap();
-        assert_eq!(
-            &opened.source.files()[..],
-            &[PathBuf::from("s3://data/train")]
-        );
-    }
-
-    #[test]
-    fn a_reader_that_hangs_is_given_up_on() {
-        let err = format!("{:#}", lied_to(Lie::Silent));
-        assert!(err.contains("did not answer within 8 s"), "{err}");
-    }
-
-    /// A fake reader answering `OPEN` with `open` and every `LOAD` with `load` (payload, and
-    /// the bytes of the memfd beside it).
-    type Answer = (Vec<u8>, Option<Vec<u8>>);
-
-    fn fake_reader(open: Answer, load: Answer) -> Result<Opened> {
-        fake_reader_at("/fake", open, load)
-    }
-
-    /// `fake_reader`, for a dataset at `path`.
-    fn fake_reader_at(path: &str, open: Answer, load: Answer) -> Result<Opened> {
-        let (daemon_end, reader_end) = wire::pair().unwrap();
-        std::thread::spawn(move || {
-            let fd = reader_end.as_raw_fd();
-            while let Ok(Some(m)) = wire::recv(fd) {
-                let (payload, bulk) = if m.kind == OPEN { &open } else { &load };
-                let memfd = bulk.as_ref().map(|b| wire::sealed_memfd("f", b).unwrap());
-                let _ = wire::send(
-                    fd,
-                    m.kind,
-                    m.id,
-                    payload,
-                    memfd.as_ref().map(|f| f.as_raw_fd()),
-                );
-            }
-        });
-        let table = format!("name = \"u/x\"\npath = \"{path}\"");
-        let c = DatasetConfig::from_table(toml::from_str(&table).unwrap()).unwrap();
-        let user = User {
-            uid: 1000,
-            gid: 1000,
-            groups: vec![],
-        };
-        from_reader(
-            None,
-            user,
-            &c,
-            &Limits::default(),
-            vec![],
-            Connection::over(daemon_end).unwrap(),
-        )
-    }
-
-    /// An honest `OPEN` answer: two samples of one uint8 [4] field.
-    fn honest_open() -> Answer {
-        let schema = Schema::new(vec![FieldSpec::fixed("x", DType::Uint8, &[4])]).unwrap();
-        let mut w = Writer::default();
-        w.str("hdf5")
-            .u64(2)
-            .u64(1)
-            .u64(8)
-            .str("fake")
-            .str("v1")
-            .str("/fake")
-            .str("Identity");
-        reader::write_schema(&mut w, &schema);
-        let mut bulk = [4u64.to_le_bytes(), 4u64.to_le_bytes()].concat();
-        bulk.extend_from_slice(&wire::path_list([PathBuf::from("/fake")].iter()));
-        (w.0, Some(bulk))
-    }
-
-    /// An honest `LOAD` answer for samples 0..2, records inline.
-    fn honest_load() -> Answer {
-        let mut w = Writer::default();
-        w.u64(8)
-            .u32(2)
-            .u8(SAMPLE_OK)
-            .u64(0)
-            .u64(4)
-            .u8(SAMPLE_OK)
-            .u64(4)
-            .u64(4);
-        w.0.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
-        (w.0, None)
-    }
-
-    /// Honest bytes cut short and with some bytes changed: hostile answers that get past the
-    /// first checks.
-    fn mutated(honest: Vec<u8>) -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
-        use proptest::prelude::*;
-        let n = honest.len();
-        (
-            proptest::collection::vec((0..n.max(1), any::<u8>()), 0..6),
-            0..=n + 8,
-            proptest::collection::vec(any::<u8>(), 0..8),
-        )
-            .prop_map(move |(flips, keep, tail)| {
-                let mut b = honest.clone();
-                for (i, v) in flips {
-                    if i < b.len() {
-                        b[i] = v;
-                    }
-                }
-                b.truncate(keep);
-                if keep > n {
-                    b.extend(tail);
-                }
-                b
-            })
-    }
-
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
-
-        /// Whatever a reader answers to `LOAD`, the daemon serves a sample only as the fields
-        /// say it is (four bytes), else a clear error; it never panics or reads out of bounds.
-        #[test]
-        fn hostile_load_answers_are_refused_or_exact(
-            payload in mutated(honest_load().0),
-            in_memfd in proptest::prelude::any::<bool>(),
-        ) {
-            let load = if in_memfd {
-                // The records moved to a memfd: the table alone in the message.
-                let n = payload.len().saturating_sub(8);
-                (payload[..n].to_vec(), Some(payload[n..].to_vec()))
-            } else {
-                (payload, None)
-            };
-            let opened = fake_reader(honest_open(), load).unwrap();
-            let p = opened.source.prepared().unwrap();
-            match p.load(0, 2) {
-                Ok((records, _raw)) => {
-                    proptest::prop_assert_eq!(records.len(), 2);
-                    for r in records.into_iter().flatten() {
-                        proptest::prop_assert_eq!(r.len(), 4);
-                    }
-                }
-                Err(e) => {
-                    let said = format!("{e:#}");
-                    proptest::prop_assert!(said.contains("u/x"), "{}", said);
-                }
-            }
-        }
-
-        /// Whatever a reader answers to `OPEN`, the dataset opens as something consistent or
-        /// not at all.
-        #[test]
-        fn hostile_open_answers_are_refused_or_consistent(
-            payload in mutated(honest_open().0),
-            bulk in mutated(honest_open().1.unwrap()),
-        ) {
-            if let Ok(opened) = fake_reader((payload, Some(bulk)), honest_load()) {
-                let s = &opened.source;
-                proptest::prop_assert!(s.len() <= 1 << 40);
-                for i in 0..s.len().min(4) {
-                    let _ = s.disk_bytes_of(i);
-                }
-            }
-        }
-    }
-}
+mod tests;

@@ -1,9 +1,16 @@
-//! The messages between the daemon, the launcher and the readers: one message is one
-//! `SOCK_SEQPACKET` packet (so a message is never split or merged), `kind u8 | id u64 |
-//! payload`, with at most one file descriptor beside it (`SCM_RIGHTS`: a reader's socket, a
-//! memfd of records). Payloads are built with [`Writer`] and read with [`Reader`], whose every
-//! read is checked: a message from a process that may be hostile (a reader parses users'
-//! files) is never trusted for a length, an offset or a count.
+//! The messages between the daemon, the launcher, the readers and the other children: one
+//! message is one `SOCK_SEQPACKET` packet (so a message is never split or merged), `kind u8 |
+//! id u64 | payload`, with at most [`MAX_FDS`] file descriptors beside it (`SCM_RIGHTS`: a
+//! child's socket, a memfd of records, an objects channel). Each channel names its kinds in
+//! one enum declared with [`kinds!`](crate::privsep::wire::kinds) (its `TryFrom<u8>` refuses
+//! the rest); every channel answers a request it could not do with [`FAILED`]. Payloads are
+//! built with [`Writer`] and read with [`Reader`], whose every read is checked: a message from
+//! a process that may be hostile (a reader parses users' files) is never trusted for a length,
+//! an offset or a count.
+//!
+//! The daemon's side of a channel to a child that may stop answering is [`Channel`]: async, on
+//! the runtime (no thread parked on a socket), and sends that never block (a child that does
+//! not read is a child that failed).
 
 use anyhow::{bail, ensure, Context, Result};
 use std::io::{IoSlice, IoSliceMut};
@@ -12,26 +19,93 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 /// The largest message: requests and answers are small; bulk bytes travel in a memfd.
 pub const MAX_MESSAGE: usize = 1 << 20;
 
+/// The most descriptors one message carries.
+pub const MAX_FDS: usize = 2;
+
+/// The kind of an answer that says why a request was not done (its payload: the text), on
+/// every channel.
+pub const FAILED: u8 = 255;
+
+/// Declares a channel's message kinds: a `#[repr(u8)]` enum, `TryFrom<u8>` (an unknown byte is
+/// an error naming the channel) and `From<Kind> for u8`. 255 is [`FAILED`] on every channel.
+macro_rules! kinds {
+    ($(#[$m:meta])* $vis:vis enum $name:ident { $($(#[$vm:meta])* $v:ident = $n:literal,)+ }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[repr(u8)]
+        $vis enum $name {
+            $($(#[$vm])* $v = $n,)+
+        }
+
+        impl TryFrom<u8> for $name {
+            type Error = anyhow::Error;
+            fn try_from(b: u8) -> anyhow::Result<$name> {
+                match b {
+                    $($n => Ok($name::$v),)+
+                    other => anyhow::bail!("a message of kind {other}, which {} has not", stringify!($name)),
+                }
+            }
+        }
+
+        impl From<$name> for u8 {
+            fn from(k: $name) -> u8 {
+                k as u8
+            }
+        }
+    };
+}
+pub(crate) use kinds;
+
 /// One message.
 #[derive(Debug)]
 pub struct Message {
     pub kind: u8,
     pub id: u64,
     pub payload: Vec<u8>,
-    pub fd: Option<OwnedFd>,
+    /// The descriptors that came with it, in the order sent.
+    pub fds: Vec<OwnedFd>,
 }
 
-/// Room for one control message, aligned as `cmsghdr` is.
+impl Message {
+    /// The first descriptor that came with it.
+    pub fn fd(&self) -> Option<&OwnedFd> {
+        self.fds.first()
+    }
+
+    /// The text of a `FAILED` answer.
+    pub fn failure(&self) -> String {
+        String::from_utf8_lossy(&self.payload).into_owned()
+    }
+}
+
+/// Room for one control message with `MAX_FDS` descriptors, aligned as `cmsghdr` is.
 #[repr(C, align(8))]
 struct Control([u8; 64]);
 
-/// Sends a message on `sock` (a SOCK_SEQPACKET socket), with `fd` if given.
-pub fn send(sock: RawFd, kind: u8, id: u64, payload: &[u8], fd: Option<RawFd>) -> Result<()> {
-    ensure!(
-        payload.len() + 9 <= MAX_MESSAGE,
-        "a message of {} bytes is over the limit",
-        payload.len()
-    );
+/// Sends a message on `sock` (a SOCK_SEQPACKET socket), with `fds`; waits while the socket's
+/// buffer is full.
+pub fn send(sock: RawFd, kind: u8, id: u64, payload: &[u8], fds: &[RawFd]) -> Result<()> {
+    send_flags(sock, kind, id, payload, fds, 0)
+        .map_err(|e| anyhow::Error::new(e).context("sending a message"))
+}
+
+/// `send`, with `flags` added to MSG_NOSIGNAL (MSG_DONTWAIT: fail with WouldBlock rather than
+/// wait).
+fn send_flags(
+    sock: RawFd,
+    kind: u8,
+    id: u64,
+    payload: &[u8],
+    fds: &[RawFd],
+    flags: libc::c_int,
+) -> std::io::Result<()> {
+    if payload.len() + 9 > MAX_MESSAGE || fds.len() > MAX_FDS {
+        return Err(std::io::Error::other(format!(
+            "a message of {} bytes and {} descriptors is over the limit",
+            payload.len(),
+            fds.len()
+        )));
+    }
     let mut head = [0u8; 9];
     head[0] = kind;
     head[1..9].copy_from_slice(&id.to_le_bytes());
@@ -42,40 +116,75 @@ pub fn send(sock: RawFd, kind: u8, id: u64, payload: &[u8], fd: Option<RawFd>) -
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
     msg.msg_iovlen = iov.len();
-    if let Some(fd) = fd {
+    if !fds.is_empty() {
+        let bytes = std::mem::size_of_val(fds) as u32;
         // SAFETY: CMSG_SPACE is a size computation.
-        let len = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+        let len = unsafe { libc::CMSG_SPACE(bytes) } as usize;
         msg.msg_control = space.as_mut_ptr().cast();
         msg.msg_controllen = len;
-        // SAFETY: msg_control holds `len` bytes, room for one cmsghdr with one fd.
+        // SAFETY: msg_control holds `len` bytes (at most 64: MAX_FDS descriptors), room for
+        // one cmsghdr with the descriptors.
         unsafe {
             let c = libc::CMSG_FIRSTHDR(&msg);
             (*c).cmsg_level = libc::SOL_SOCKET;
             (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
-            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+            (*c).cmsg_len = libc::CMSG_LEN(bytes) as usize;
+            for (k, fd) in fds.iter().enumerate() {
+                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>().add(k), *fd);
+            }
         }
     }
     loop {
         // SAFETY: `msg` is set up above; MSG_NOSIGNAL: a peer gone is an error, not SIGPIPE.
-        let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+        let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL | flags) };
         if n >= 0 {
             return Ok(());
         }
         let e = std::io::Error::last_os_error();
         if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e).context("sending a message");
+            return Err(e);
         }
     }
 }
 
-/// Receives a message from `sock`; Ok(None) when the other end has closed.
+/// Receives a message from `sock`, waiting for one; Ok(None) when the other end has closed.
 pub fn recv(sock: RawFd) -> Result<Option<Message>> {
-    let mut buf = vec![0u8; MAX_MESSAGE];
+    recv_flags(sock, 0).map_err(|e| e.context("receiving a message"))
+}
+
+/// `recv` with `flags` (MSG_DONTWAIT: an error of kind WouldBlock when none is there).
+fn recv_flags(sock: RawFd, flags: libc::c_int) -> Result<Option<Message>> {
+    // The next message's length, without taking it (MSG_TRUNC: its whole length, however
+    // small the buffer): a buffer of that size, not of MAX_MESSAGE, for every message.
+    let mut probe = [0u8; 1];
+    let len = loop {
+        // SAFETY: recv into a one-byte buffer; MSG_PEEK leaves the message (and its
+        // descriptors) where it is.
+        let n = unsafe {
+            libc::recv(
+                sock,
+                probe.as_mut_ptr().cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_TRUNC | flags,
+            )
+        };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = std::io::Error::last_os_error();
+        // A peer that closed with messages of ours unread resets the connection: closed.
+        if e.kind() == std::io::ErrorKind::ConnectionReset {
+            return Ok(None);
+        }
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e.into());
+        }
+    };
+    let mut buf = vec![0u8; len.clamp(1, MAX_MESSAGE)];
     let mut space = Control([0u8; 64]);
     let space = &mut space.0;
     let mut iov = [IoSliceMut::new(&mut buf)];
-    // SAFETY: as in `send`.
+    // SAFETY: as in `send_flags`.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = iov.as_mut_ptr() as *mut libc::iovec;
     msg.msg_iovlen = 1;
@@ -83,13 +192,13 @@ pub fn recv(sock: RawFd) -> Result<Option<Message>> {
     msg.msg_controllen = space.len();
     let n = loop {
         // SAFETY: `msg` points at live buffers; MSG_CMSG_CLOEXEC: received fds are not inherited.
-        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC | flags) };
         if n >= 0 {
             break n as usize;
         }
         let e = std::io::Error::last_os_error();
         if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e).context("receiving a message");
+            return Err(e.into());
         }
     };
     // Every descriptor that came is owned (and so closed) whatever happens next.
@@ -117,14 +226,73 @@ pub fn recv(sock: RawFd) -> Result<Option<Message>> {
         "a message over the limit"
     );
     ensure!(n >= 9, "a message of {n} bytes has no header");
-    ensure!(fds.len() <= 1, "a message with {} descriptors", fds.len());
+    ensure!(
+        fds.len() <= MAX_FDS,
+        "a message with {} descriptors",
+        fds.len()
+    );
     buf.truncate(n);
     Ok(Some(Message {
         kind: buf[0],
         id: u64::from_le_bytes(buf[1..9].try_into().unwrap()),
         payload: buf.split_off(9),
-        fd: fds.pop(),
+        fds,
     }))
+}
+
+/// The daemon's end of a channel to a child process, on the async runtime: receiving waits
+/// without a thread; sending never waits (a child whose socket is full is not reading, and
+/// is taken for stuck).
+pub struct Channel {
+    fd: tokio::io::unix::AsyncFd<OwnedFd>,
+}
+
+impl Channel {
+    /// `sock` (a SOCK_SEQPACKET socket) on the runtime of the caller.
+    pub fn new(sock: OwnedFd) -> Result<Channel> {
+        // SAFETY: an OwnedFd's descriptor is open, and the same, until it is dropped with the
+        // AsyncFd that owns it.
+        let fd = unsafe { tokio::io::unix::AsyncFd::register(sock) }
+            .map_err(|e| anyhow::anyhow!("watching a child's socket: {e}"))?;
+        Ok(Channel { fd })
+    }
+
+    /// Sends a message at once, or fails (the socket's buffer full: the child is not reading).
+    pub fn send(&self, kind: u8, id: u64, payload: &[u8], fds: &[RawFd]) -> Result<()> {
+        match send_flags(self.raw(), kind, id, payload, fds, libc::MSG_DONTWAIT) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                bail!("the child takes no more requests (its socket is full: it is not reading)")
+            }
+            Err(e) => Err(anyhow::Error::new(e).context("sending a message")),
+        }
+    }
+
+    /// The next message; Ok(None) once the other end has closed.
+    pub async fn recv(&self) -> Result<Option<Message>> {
+        loop {
+            let mut ready = self.fd.readable().await.context("waiting for a message")?;
+            match recv_flags(self.raw(), libc::MSG_DONTWAIT) {
+                Err(e)
+                    if e.downcast_ref::<std::io::Error>()
+                        .is_some_and(|e| e.kind() == std::io::ErrorKind::WouldBlock) =>
+                {
+                    ready.clear_ready();
+                }
+                got => return got.context("receiving a message"),
+            }
+        }
+    }
+
+    /// Closes both directions: the child sees its socket closed, and ends.
+    pub fn shutdown(&self) {
+        // SAFETY: shutdown on our own socket.
+        unsafe { libc::shutdown(self.raw(), libc::SHUT_RDWR) };
+    }
+
+    fn raw(&self) -> RawFd {
+        self.fd.get_ref().as_raw_fd()
+    }
 }
 
 /// A connected pair of SOCK_SEQPACKET sockets, close-on-exec.
@@ -310,19 +478,72 @@ mod tests {
     fn messages_and_descriptors_cross_whole() {
         let (a, b) = pair().unwrap();
         let memfd = sealed_memfd("t", b"records").unwrap();
-        send(a.as_raw_fd(), 7, 42, b"hello", Some(memfd.as_raw_fd())).unwrap();
+        send(a.as_raw_fd(), 7, 42, b"hello", &[memfd.as_raw_fd()]).unwrap();
         let m = recv(b.as_raw_fd()).unwrap().unwrap();
         assert_eq!((m.kind, m.id, &m.payload[..]), (7, 42, &b"hello"[..]));
-        assert_eq!(
-            read_sealed(m.fd.as_ref().unwrap(), 100).unwrap(),
-            b"records"
-        );
-        assert!(
-            read_sealed(m.fd.as_ref().unwrap(), 3).is_err(),
-            "over the max"
-        );
+        assert_eq!(read_sealed(m.fd().unwrap(), 100).unwrap(), b"records");
+        assert!(read_sealed(m.fd().unwrap(), 3).is_err(), "over the max");
         drop(a);
         assert!(recv(b.as_raw_fd()).unwrap().is_none(), "closed");
+    }
+
+    kinds! {
+        /// A channel's kinds, for the test.
+        enum Test {
+            One = 1,
+            Two = 2,
+        }
+    }
+
+    #[test]
+    fn kinds_are_typed_and_unknown_bytes_refused() {
+        assert_eq!(Test::try_from(2).unwrap(), Test::Two);
+        assert_eq!(u8::from(Test::One), 1);
+        let e = Test::try_from(FAILED).unwrap_err();
+        assert!(format!("{e}").contains("Test"), "{e}");
+    }
+
+    #[test]
+    fn two_descriptors_and_a_message_of_any_size_up_to_the_limit_cross_whole() {
+        let (a, b) = pair().unwrap();
+        let (m1, m2) = (
+            sealed_memfd("a", b"one").unwrap(),
+            sealed_memfd("b", b"two").unwrap(),
+        );
+        // As large as a socket's send buffer takes whole (about 208 KiB by default).
+        let big = vec![7u8; 128 << 10];
+        send(a.as_raw_fd(), 1, 2, &big, &[m1.as_raw_fd(), m2.as_raw_fd()]).unwrap();
+        send(a.as_raw_fd(), 3, 4, b"", &[]).unwrap();
+        let m = recv(b.as_raw_fd()).unwrap().unwrap();
+        assert_eq!((m.payload.len(), m.fds.len()), (big.len(), 2));
+        assert_eq!(read_sealed(&m.fds[1], 10).unwrap(), b"two");
+        let m = recv(b.as_raw_fd()).unwrap().unwrap();
+        assert_eq!((m.kind, m.id, m.payload.len()), (3, 4, 0));
+        assert!(send(a.as_raw_fd(), 1, 2, &vec![0u8; MAX_MESSAGE], &[]).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_channel_never_waits_to_send_and_waits_on_the_runtime_to_receive() {
+        let (ours, theirs) = pair().unwrap();
+        let ch = Channel::new(ours).unwrap();
+        // Nobody reads the other end: sends fail once its buffer is full, never block.
+        let mut failed = None;
+        for i in 0..100_000u64 {
+            if let Err(e) = ch.send(1, i, &[0u8; 4096], &[]) {
+                failed = Some(e);
+                break;
+            }
+        }
+        let e = failed.expect("a full socket refuses at once");
+        assert!(format!("{e}").contains("not reading"), "{e}");
+        let t = std::thread::spawn(move || {
+            send(theirs.as_raw_fd(), 9, 1, b"x", &[]).unwrap();
+            theirs
+        });
+        let m = ch.recv().await.unwrap().unwrap();
+        assert_eq!((m.kind, m.id), (9, 1));
+        drop(t.join().unwrap());
+        assert!(ch.recv().await.unwrap().is_none(), "closed");
     }
 
     #[test]

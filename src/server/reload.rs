@@ -4,7 +4,7 @@
 //! started with and finish as it was.
 
 use super::shutdown::Shutdown;
-use crate::catalog::{Catalog, Changes, Dataset};
+use crate::catalog::{Catalog, Changes, Dataset, Job};
 use crate::config::{DatasetConfig, Limits};
 use crate::error::{quote, Error, Kind};
 use crate::store::Store;
@@ -28,8 +28,6 @@ pub struct Datasets {
     limits: Limits,
     /// The memory tier's budget and the expansion factor, for each dataset's capacity plan.
     plan: (u64, f64),
-    /// One reconcile at a time (a reload during a recheck waits for it).
-    busy: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Datasets {
@@ -48,7 +46,6 @@ impl Datasets {
             registry,
             limits,
             plan,
-            busy: Default::default(),
         }
     }
 
@@ -61,7 +58,7 @@ impl Datasets {
     /// changed ones reopened, removed ones stop taking new streams.
     pub async fn reload(&self, configs: Vec<DatasetConfig>) {
         *self.configs.lock().unwrap_or_else(|e| e.into_inner()) = configs;
-        self.reconcile().await;
+        self.start_opens().await;
     }
 
     /// The datasets users added.
@@ -85,7 +82,7 @@ impl Datasets {
         let before =
             self.registry
                 .put(entry.clone(), self.limits.max_datasets_per_user, replace)?;
-        self.reconcile().await;
+        self.reconcile_for(&name).await;
         let failed = match self.catalog.get(&name) {
             Some(ds) => match self.registry.save() {
                 Ok(()) => return Ok(ds),
@@ -104,7 +101,7 @@ impl Datasets {
         };
         // Back to what was there before the call.
         self.registry.restore(&entry, before);
-        self.reconcile().await;
+        self.reconcile_for(&name).await;
         Err(failed)
     }
 
@@ -112,27 +109,55 @@ impl Datasets {
     /// finish, new ones are refused.
     pub async fn remove(&self, name: &str, by: u32, admin: bool) -> Result<(), Error> {
         self.registry.remove(name, by, admin)?;
-        self.reconcile().await;
+        self.start_opens().await;
         Ok(())
     }
 
     /// Brings the catalog in line with the config, the datasets users added and the files on
-    /// disk.
+    /// disk, and waits until each of them has been tried (opened, or found not to open).
     pub async fn reconcile(&self) {
-        let _one = self.busy.lock().await;
+        self.start_opens().await;
+        self.catalog.opened(|_| true).await;
+    }
+
+    /// `reconcile`, waiting only for dataset `name`: no one waits on another's open.
+    pub async fn reconcile_for(&self, name: &str) {
+        self.start_opens().await;
+        self.catalog.opened(|n| n == name).await;
+    }
+
+    /// Starts opening what needs opening, each open a task of its own outside the catalog's
+    /// lock (a reader that takes long, or a stopped one, holds up its own dataset only), and
+    /// drops what is gone; waits for none of the opens.
+    async fn start_opens(&self) {
         let mut configs = self
             .configs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         configs.extend(self.registry.configs());
-        let (catalog, limits) = (self.catalog.clone(), self.limits);
-        let changes =
-            tokio::task::spawn_blocking(move || catalog.reconcile(&configs, limits)).await;
-        match changes {
-            Ok(changes) => self.apply(changes),
-            Err(e) => tracing::error!("reopening datasets failed: {e}"),
+        // Looking at each served dataset's files (has it changed?) is blocking work.
+        let catalog = self.catalog.clone();
+        let planned = tokio::task::spawn_blocking(move || catalog.plan(&configs)).await;
+        let (changes, jobs) = match planned {
+            Ok(planned) => planned,
+            Err(e) => return tracing::error!("reopening datasets failed: {e}"),
+        };
+        self.apply(changes);
+        for job in jobs {
+            let this = self.clone();
+            tokio::spawn(async move { this.open(job).await });
         }
+    }
+
+    /// Opens `job` and publishes what came of it (a panic in the open is its failure).
+    async fn open(&self, job: Job) {
+        let (j, limits) = (job.clone(), self.limits);
+        let opened = tokio::spawn(async move { crate::catalog::open_dataset(&j, limits).await })
+            .await
+            .unwrap_or_else(|e| Err(anyhow::anyhow!("opening it failed ({e}; see the log)")));
+        let changes = self.catalog.publish(job, opened);
+        self.apply(changes);
     }
 
     /// The store serves the datasets opened and lets go of those dropped.
@@ -146,14 +171,27 @@ impl Datasets {
         }
     }
 
-    /// Opens the datasets now, then reconciles every RECHECK until the daemon stops.
+    /// Opens the datasets now, then every RECHECK asks the readers whether their datasets'
+    /// files changed and reopens what needs it, until the daemon stops. Waits on no open.
     pub async fn keep_current(self, mut stop: Shutdown) {
-        self.reconcile().await;
+        self.start_opens().await;
         let mut ticker = tokio::time::interval(RECHECK);
         ticker.tick().await;
         loop {
             tokio::select! {
-                _ = ticker.tick() => self.reconcile().await,
+                _ = ticker.tick() => {
+                    for ds in self.catalog.all() {
+                        if ds.source.prepared().is_some() {
+                            // Each its own task: a slow reader answers for its dataset alone.
+                            tokio::spawn(async move {
+                                if let Some(p) = ds.source.prepared() {
+                                    p.recheck().await;
+                                }
+                            });
+                        }
+                    }
+                    self.start_opens().await;
+                }
                 _ = stop.stopped() => return,
             }
         }

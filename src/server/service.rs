@@ -236,7 +236,7 @@ impl Service {
             return Ok(ds);
         }
         drop(ds); // the old version closes once nothing holds it
-        self.datasets.reconcile().await;
+        self.datasets.reconcile_for(name).await;
         let ds = self.named(name, who)?;
         if let Some(why) = ds.source.changed() {
             return Err(

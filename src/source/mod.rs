@@ -14,6 +14,7 @@ mod lmdb;
 mod npy;
 mod owner;
 mod parquet;
+pub mod walk;
 mod webdataset;
 
 pub use self::blob::Blob;
@@ -403,12 +404,22 @@ pub trait RawSource: Send + Sync {
     }
 }
 
-/// A source whose samples come read and preprocessed from elsewhere.
+/// Samples read and prepared: each its record or why not, and the raw bytes read for them.
+pub type Loaded = (Vec<Result<Vec<u8>>>, u64);
+
+/// A source whose samples come read and preprocessed from elsewhere (a reader process),
+/// awaited on the async runtime: no thread waits for them.
 pub trait Prepared: Send + Sync {
     /// Records of samples `start..start + count`: each its record or why not, with the raw
     /// bytes read. Err: none of them could be had (the reader failed), for the stream to end
     /// with, never a bad sample.
-    fn load(&self, start: u64, count: u64) -> Result<(Vec<Result<Vec<u8>>>, u64)>;
+    fn load(&self, start: u64, count: u64) -> futures::future::BoxFuture<'_, Result<Loaded>>;
+
+    /// Looks again at whether its files read as they did (what `Provenance::changed` then
+    /// says), where that takes asking elsewhere.
+    fn recheck(&self) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 
     /// Why none of its samples can be had now (its reader failed and has not started again),
     /// if so: for the health service. None while a reader serves or can be started.

@@ -1,0 +1,132 @@
+//! A dataset's files as found on disk before any of them is parsed: what a reader is held to
+//! (Landlock) and what a user must be able to read to have the dataset (the access check).
+//! Only folders are listed and entries looked at (`stat`); no file is opened, so a crafted
+//! file cannot have taken over the process that walks.
+//!
+//! - a file: itself;
+//! - a folder: itself, and beneath it up to [`MAX_DEPTH`] levels every folder and file
+//!   (links followed, each folder once);
+//! - a pattern (`{`, `*`, `?` or `[` in its last part): the folder it is in and that folder's
+//!   files;
+//! - an object store's location: itself (no user's rights reach it).
+
+use anyhow::{ensure, Context, Result};
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// How deep beneath a dataset's folder the walk goes (an image folder's class folders and
+/// paired folders are two and three levels down).
+pub const MAX_DEPTH: usize = 4;
+
+/// The most entries a walk takes: a folder with more is refused (it would cost the daemon
+/// its file list).
+pub const MAX_ENTRIES: usize = 1 << 25;
+
+/// Whether `path`'s last part is a pattern (a brace range or a glob).
+pub fn is_pattern(path: &Path) -> bool {
+    path.file_name()
+        .is_some_and(|n| n.to_string_lossy().contains(['{', '*', '?', '[']))
+}
+
+/// The dataset at `path`'s folders and files (see the module's rules), sorted; `progress` is
+/// told the entries found so far now and then (every few thousand).
+pub fn walk(path: &Path, progress: &mut dyn FnMut(u64)) -> Result<Vec<PathBuf>> {
+    if crate::objects::is_url(path) {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut out = vec![];
+    if is_pattern(path) {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        out.push(dir.to_path_buf());
+        for e in
+            std::fs::read_dir(dir).with_context(|| format!("reading folder {}", dir.display()))?
+        {
+            let p = e?.path();
+            if p.is_file() {
+                out.push(p);
+            }
+        }
+    } else {
+        let meta = std::fs::metadata(path).with_context(|| path.display().to_string())?;
+        out.push(path.to_path_buf());
+        if meta.is_dir() {
+            let mut seen = HashSet::from([(meta.dev(), meta.ino())]);
+            beneath(path, 1, &mut seen, &mut out, progress)?;
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+fn beneath(
+    dir: &Path,
+    depth: usize,
+    seen: &mut HashSet<(u64, u64)>,
+    out: &mut Vec<PathBuf>,
+    progress: &mut dyn FnMut(u64),
+) -> Result<()> {
+    let entries =
+        std::fs::read_dir(dir).with_context(|| format!("reading folder {}", dir.display()))?;
+    for e in entries {
+        let p = e
+            .with_context(|| format!("reading folder {}", dir.display()))?
+            .path();
+        // Links followed: a link to a file the user may not read is refused when read (and
+        // by the access check), not hidden.
+        let Ok(meta) = std::fs::metadata(&p) else {
+            out.push(p);
+            continue;
+        };
+        ensure!(
+            out.len() < MAX_ENTRIES,
+            "{} holds over {MAX_ENTRIES} files and folders",
+            dir.display()
+        );
+        if out.len().is_multiple_of(4096) {
+            progress(out.len() as u64);
+        }
+        out.push(p.clone());
+        if meta.is_dir() && depth < MAX_DEPTH && seen.insert((meta.dev(), meta.ino())) {
+            beneath(&p, depth + 1, seen, out, progress)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_folder_walks_to_its_depth_each_folder_once_and_a_pattern_its_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let deep = root.join("a/b/c/d/e");
+        std::fs::create_dir_all(&deep).unwrap();
+        std::fs::write(root.join("a/one.jpg"), b"1").unwrap();
+        std::fs::write(root.join("a/b/c/d/four.jpg"), b"4").unwrap();
+        std::fs::write(deep.join("five.jpg"), b"5").unwrap();
+        // A loop of links is walked once.
+        std::os::unix::fs::symlink(root, root.join("a/loop")).unwrap();
+        let found = walk(root, &mut |_| {}).unwrap();
+        let rel: Vec<_> = found
+            .iter()
+            .map(|p| p.strip_prefix(root).unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert!(rel.contains(&"a/one.jpg".to_string()), "{rel:?}");
+        assert!(rel.contains(&"a/b/c/d".to_string()), "{rel:?}");
+        assert!(
+            !rel.iter().any(|p| p.contains("four")),
+            "past the depth: {rel:?}"
+        );
+        assert!(!rel.iter().any(|p| p.starts_with("a/loop/")), "{rel:?}");
+        let file = root.join("a/one.jpg");
+        assert_eq!(walk(&file, &mut |_| {}).unwrap(), vec![file.clone()]);
+        let pattern = root.join("a/{0..9}.tar");
+        let found = walk(&pattern, &mut |_| {}).unwrap();
+        assert_eq!(found, vec![root.join("a"), file]);
+        assert!(walk(&root.join("missing"), &mut |_| {}).is_err());
+    }
+}
