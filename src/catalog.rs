@@ -42,6 +42,9 @@ pub struct Dataset {
     /// Its lookups and the bytes read for them, by the tier that served them (memory, scratch,
     /// raw), since it was opened.
     pub lookups: crate::metrics::TierCounters,
+    /// What it takes of the daemon's memory outside the cache (its scratch tier's index),
+    /// charged to its owner (the config, for the config's).
+    pub charges: Vec<crate::footprint::Charge>,
 }
 
 /// A stream's choice of pipeline.
@@ -78,6 +81,7 @@ impl Dataset {
             owner: None,
             bad: Mutex::new(BTreeMap::new()),
             lookups: Default::default(),
+            charges: vec![],
         }
     }
 
@@ -579,11 +583,26 @@ impl Catalog {
     }
 }
 
+/// What an open needs beside the dataset's table: the limits, the account its memory is
+/// charged to, and whether the store keeps a scratch tier (whose index it charges).
+#[derive(Clone)]
+pub struct OpenWith {
+    pub limits: Limits,
+    pub account: Arc<crate::footprint::Footprint>,
+    pub scratch: bool,
+}
+
+/// Bytes of the scratch tier's index for each sample.
+const SCRATCH_INDEX_BYTES: u64 = 8;
+
 /// Opens the dataset of `job` (outside the catalog's lock): in a reader when a launcher runs
 /// (as its owner, or as `reader_user` for the config's), else in this process on a blocking
-/// thread (a user's with their rights on the reading thread: see `source::open`).
-pub async fn open_dataset(job: &Job, limits: Limits) -> Result<Dataset> {
-    let (id, c) = (job.id, &job.config);
+/// thread (a user's with their rights on the reading thread: see `source::open`). What it
+/// takes of the daemon's memory is charged to its owner (the config, for the config's) before
+/// it is allocated: over their share, it does not open, and says why.
+pub async fn open_dataset(job: &Job, with: &OpenWith) -> Result<Dataset> {
+    let (id, c, limits) = (job.id, &job.config, with.limits);
+    let payer = crate::footprint::Payer::of_uid(c.owner);
     let found = job.found.clone();
     let remote = match (
         crate::privsep::launcher(),
@@ -596,7 +615,8 @@ pub async fn open_dataset(job: &Job, limits: Limits) -> Result<Dataset> {
     };
     let opened = match remote {
         Some((launcher, user)) => {
-            crate::privsep::remote::open(launcher, user, c, &limits, found).await?
+            let charge_to = (&with.account, payer);
+            crate::privsep::remote::open(launcher, user, c, &limits, found, charge_to).await?
         }
         None => {
             let c = c.clone();
@@ -626,6 +646,17 @@ pub async fn open_dataset(job: &Job, limits: Limits) -> Result<Dataset> {
         );
     }
     let mut dataset = Dataset::new(id, &c.name, opened.source, opened.preprocess, opened.schema);
+    if with.scratch {
+        let n = dataset.len();
+        let what = format!(
+            "dataset {:?}: the scratch tier's index of its {n} samples",
+            c.name
+        );
+        let bytes = n.saturating_mul(SCRATCH_INDEX_BYTES);
+        dataset
+            .charges
+            .push(with.account.charge(payer, bytes, &what)?);
+    }
     dataset.kind = opened.format.name();
     dataset.on_error = c.on_error;
     dataset.limits = limits;

@@ -71,6 +71,11 @@ pub fn format_stats(s: &crate::proto::Stats) -> String {
     }
     let _ = writeln!(
         out,
+        "datasets and streams outside the cache: {} of {} bytes (one user's share: {})",
+        s.footprint_bytes, s.footprint_limit_bytes, s.user_footprint_limit_bytes
+    );
+    let _ = writeln!(
+        out,
         "served: {} batches, {} samples, {} bytes; {} open streams; {} fetches shared between clients; {} bad samples skipped (larder bad)",
         s.batches_served, s.samples_served, s.bytes_served, s.active_streams, s.coalesced_fetches, s.bad_samples
     );

@@ -13,6 +13,7 @@ pub mod demo;
 pub mod error;
 pub mod fields;
 pub mod fingerprint;
+pub mod footprint;
 pub mod input_bound;
 pub mod metrics;
 pub mod objects;

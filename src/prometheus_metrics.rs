@@ -256,6 +256,18 @@ fn record(s: &Stats, streams: &[StreamInfo]) {
         s.shm_rings as f64,
     );
     g(
+        "larder_footprint_bytes",
+        Unit::Bytes,
+        "What datasets and streams take of the daemon's memory outside the cache (sizes, file lists, scratch indexes, plans, orders), charged to their users.",
+        s.footprint_bytes as f64,
+    );
+    g(
+        "larder_footprint_limit_bytes",
+        Unit::Bytes,
+        "The most datasets and streams may take outside the cache (limits.footprint_bytes).",
+        s.footprint_limit_bytes as f64,
+    );
+    g(
         "larder_shm_bytes",
         Unit::Bytes,
         "Bytes the shared-memory rings take.",

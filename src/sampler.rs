@@ -323,6 +323,17 @@ pub struct PlanRequest {
 }
 
 impl Plan {
+    /// About the bytes a plan for `req` holds, known before it is built (at least what it
+    /// will hold): its shard's samples and, per batch, where it starts, its step and padding.
+    pub fn bytes_for(req: &PlanRequest) -> u64 {
+        let shards = req.world_size.max(1) as u64 * req.num_workers.max(1) as u64;
+        let nodes = req.split.map_or(1, |s| s.nodes.max(1) as u64);
+        let batch = req.batch_size.max(1) as u64;
+        let samples = (req.num_samples / nodes).div_ceil(shards) + batch;
+        let batches = samples.div_ceil(batch) + 1;
+        samples.saturating_mul(8) + batches.saturating_mul(8 + 8 + 8 + 4)
+    }
+
     pub fn new(req: PlanRequest) -> Result<Plan> {
         let world = req.world_size.max(1) as u64;
         let workers = req.num_workers.max(1) as u64;

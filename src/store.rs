@@ -186,6 +186,11 @@ impl Store {
         }
     }
 
+    /// Whether the store keeps a scratch tier.
+    pub fn has_scratch(&self) -> bool {
+        self.scratch_space.is_some()
+    }
+
     /// The scratch shards of `ds`, if it has any.
     pub fn scratch_of(&self, ds: &Dataset) -> Option<Arc<ScratchTier>> {
         self.lock_scratch().get(&ds.id).cloned()
@@ -320,7 +325,9 @@ impl Store {
         }
         let (ds, locks, scratch) = (ds.clone(), self.granule_locks.clone(), self.scratch_of(ds));
         self.workers
-            .run(move || load_blocking(&ds, scratch.as_deref(), &locks, index))
+            .run_for(tenant(&ds), move || {
+                load_blocking(&ds, scratch.as_deref(), &locks, index)
+            })
             .await
     }
 
@@ -334,7 +341,11 @@ impl Store {
     ) -> Result<Result<(Bytes, Tier, u64)>> {
         let scratch = self.scratch_of(ds);
         if let Some(s) = scratch.clone().filter(|s| s.contains(index)) {
-            if let Some(data) = self.workers.run(move || s.read(index)).await? {
+            if let Some(data) = self
+                .workers
+                .run_for(tenant(ds), move || s.read(index))
+                .await?
+            {
                 let n = data.len() as u64;
                 return Ok(Ok((data, Tier::Scratch, n)));
             }
@@ -396,7 +407,7 @@ impl Store {
                         let g = granule.clone();
                         let _ = store
                             .workers
-                            .run(move || {
+                            .run_for(tenant(&ds), move || {
                                 for (i, r) in (g.start..).zip(&g.records) {
                                     if let Ok(d) = r {
                                         if !scratch.contains(i) && !scratch.write(i, d) {
@@ -485,7 +496,9 @@ impl Store {
         if ds.source.prepared().is_none() {
             return self
                 .workers
-                .run(move || warm_chunk(&ds, &scratch, &memory, start, count))
+                .run_for(tenant(&ds), move || {
+                    warm_chunk(&ds, &scratch, &memory, start, count)
+                })
                 .await?;
         }
         let missing: Vec<u64> = (start..start + count)
@@ -500,7 +513,9 @@ impl Store {
             .filter(|(i, _)| missing.binary_search(i).is_ok())
             .collect();
         self.workers
-            .run(move || place(&ds, &scratch, &memory, count, prepared, raw_bytes))
+            .run_for(tenant(&ds), move || {
+                place(&ds, &scratch, &memory, count, prepared, raw_bytes)
+            })
             .await?
     }
 }
@@ -578,7 +593,7 @@ impl Store {
                         let (memory, locks) = (store.memory.clone(), store.granule_locks.clone());
                         store
                             .workers
-                            .run(move || {
+                            .run_for(tenant(&ds), move || {
                                 // The granule's lock, as a stream reading it takes: one raw
                                 // read.
                                 let _reading = granule_lock(&locks, ds2.id, k);
@@ -618,6 +633,15 @@ fn new_granules(ds: &Dataset, part: &Prefetch) -> Vec<u64> {
 fn granule_lock(locks: &[Mutex<()>], dataset: u32, granule: u64) -> std::sync::MutexGuard<'_, ()> {
     let stripe = (granule + 7 * dataset as u64) as usize % locks.len();
     locks[stripe].lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whose turn on the pool a job for `ds` takes: its owner's (a user's datasets share one
+/// turn), or the dataset's own for the config's.
+fn tenant(ds: &Dataset) -> crate::workers::Tenant {
+    match ds.owner {
+        Some(uid) => uid as u64,
+        None => (1 << 32) | ds.id as u64,
+    }
 }
 
 /// Why `ds` cannot be warmed.

@@ -1,9 +1,11 @@
-//! The preprocessing pool: a fixed number of threads that read raw files, decode and resize,
-//! taking jobs first come, first served. A thread goes from one job straight to the next
-//! (no permit to give back through the async runtime between two samples), which keeps every
-//! core busy during a cold epoch.
+//! The preprocessing pool: a fixed number of threads that read raw files, decode and resize.
+//! Jobs are queued per tenant (a user's datasets are theirs; each of the config's datasets is
+//! its own), and the threads take them tenant by tenant in turn, first come first served within
+//! one: a user with a thousand jobs queued delays another's next job by one job, not a
+//! thousand. A thread goes from one job straight to the next (no permit to give back through
+//! the async runtime between two samples), which keeps every core busy during a cold epoch.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use tokio::sync::oneshot;
 
@@ -24,10 +26,38 @@ struct Shared {
     busy: crate::input_bound::Recent<1>,
 }
 
+/// Whose a job is: the pool shares its threads between tenants in turn.
+pub type Tenant = u64;
+
 #[derive(Default)]
 struct Queue {
-    jobs: VecDeque<Job>,
+    /// Each tenant's jobs not started yet, oldest first (no empty queue kept).
+    jobs: BTreeMap<Tenant, VecDeque<Job>>,
+    /// The tenant served last: the next job is the next tenant's.
+    last: Option<Tenant>,
     closed: bool,
+}
+
+impl Queue {
+    /// The next job, from the tenant after the one served last.
+    fn next(&mut self) -> Option<Job> {
+        let tenant = match self.last {
+            Some(last) => self
+                .jobs
+                .range(last.saturating_add(1)..)
+                .next()
+                .or_else(|| self.jobs.iter().next())
+                .map(|(t, _)| *t)?,
+            None => *self.jobs.keys().next()?,
+        };
+        let queue = self.jobs.get_mut(&tenant)?;
+        let job = queue.pop_front();
+        if queue.is_empty() {
+            self.jobs.remove(&tenant);
+        }
+        self.last = Some(tenant);
+        job
+    }
 }
 
 impl Workers {
@@ -60,16 +90,29 @@ impl Workers {
         (nanos as f64 / (span * self.threads as f64)).min(1.0)
     }
 
-    /// Runs `f` on the pool; its result, or an error if the job panicked.
+    /// Runs `f` on the pool as the daemon's own work (tenant 0); its result, or an error if
+    /// the job panicked.
     pub async fn run<T: Send + 'static>(
         &self,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> anyhow::Result<T> {
+        self.run_for(0, f).await
+    }
+
+    /// Runs `f` on the pool in `tenant`'s turn; its result, or an error if the job panicked.
+    pub async fn run_for<T: Send + 'static>(
+        &self,
+        tenant: Tenant,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> anyhow::Result<T> {
         let (tx, rx) = oneshot::channel();
-        self.shared.push(Box::new(move || {
-            // A waiter that went away no longer wants the result.
-            let _ = tx.send(f());
-        }));
+        self.shared.push(
+            tenant,
+            Box::new(move || {
+                // A waiter that went away no longer wants the result.
+                let _ = tx.send(f());
+            }),
+        );
         rx.await
             .map_err(|_| anyhow::anyhow!("a preprocessing job panicked (see the daemon's log)"))
     }
@@ -80,8 +123,8 @@ impl Shared {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn push(&self, job: Job) {
-        self.lock().jobs.push_back(job);
+    fn push(&self, tenant: Tenant, job: Job) {
+        self.lock().jobs.entry(tenant).or_default().push_back(job);
         self.ready.notify_one();
     }
 
@@ -90,7 +133,7 @@ impl Shared {
             let job = {
                 let mut q = self.lock();
                 loop {
-                    if let Some(job) = q.jobs.pop_front() {
+                    if let Some(job) = q.next() {
                         break job;
                     }
                     if q.closed {
@@ -146,6 +189,38 @@ mod tests {
         );
         assert!(done.iter().all(|(_, n)| n.starts_with("larder-prep-")));
         assert_eq!(most.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn tenants_take_the_threads_in_turn() {
+        // One thread, held while a flood of one tenant's jobs and one job of another's queue:
+        // the other's runs second, not after the flood.
+        let pool = Arc::new(Workers::new(1).unwrap());
+        let order = Arc::new(std::sync::Mutex::new(vec![]));
+        let (hold, held) = std::sync::mpsc::channel::<()>();
+        let blocker = {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.run_for(1, move || held.recv().unwrap()).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let mut jobs = vec![];
+        for (tenant, k) in (0..20).map(|k| (1, k)).chain([(2, 100)]) {
+            let (pool, order) = (pool.clone(), order.clone());
+            jobs.push(tokio::spawn(async move {
+                pool.run_for(tenant, move || order.lock().unwrap().push(k))
+                    .await
+            }));
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        hold.send(()).unwrap();
+        blocker.await.unwrap().unwrap();
+        for j in jobs {
+            j.await.unwrap().unwrap();
+        }
+        let order = order.lock().unwrap();
+        let at = order.iter().position(|&k| k == 100).unwrap();
+        assert!(at <= 1, "the other tenant's job ran {at}th: {order:?}");
     }
 
     #[tokio::test]

@@ -22,6 +22,16 @@ fn larder(addr: &str, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// A daemon killed when dropped (a failed assertion leaves none behind).
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn larderd_serves_the_cli_over_a_unix_socket_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
@@ -36,7 +46,7 @@ fn larderd_serves_the_cli_over_a_unix_socket_and_stops_on_sigterm() {
         ),
     )
     .unwrap();
-    let mut daemon = common::spawn_larderd(&config, &socket);
+    let mut daemon = Killed(common::spawn_larderd(&config, &socket));
     let started = Instant::now();
     let addr = format!("unix:{}", socket.display());
     use std::os::unix::fs::PermissionsExt;
@@ -53,8 +63,9 @@ fn larderd_serves_the_cli_over_a_unix_socket_and_stops_on_sigterm() {
     assert!(datasets.contains("[3, 8, 8]"), "{datasets}");
     assert!(datasets.contains("train.h5#images"), "{datasets}");
     let stats = larder(&addr, &["stats"]);
-    // The tier may hold the budget less the message path's share (a quarter of so small a one).
-    assert!(stats.contains("memory tier: 0 of 75000 bytes"), "{stats}");
+    // The tier may hold the budget less the message path's share (a quarter of so small a
+    // one) and the dataset's footprint (its scratch tier's index: 64 samples of 8 bytes).
+    assert!(stats.contains("memory tier: 0 of 74488 bytes"), "{stats}");
     assert!(stats.contains("of the 0.1 MiB budget"), "{stats}");
     let warm = larder(&addr, &["warm", "train"]);
     assert!(
@@ -87,13 +98,13 @@ fn larderd_serves_the_cli_over_a_unix_socket_and_stops_on_sigterm() {
     );
     assert!(bench.contains("epoch 1: 128 samples"), "{bench}");
 
-    let pid = daemon.id().to_string();
+    let pid = daemon.0.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
         .status()
         .unwrap()
         .success());
-    let status = daemon.wait().unwrap();
+    let status = daemon.0.wait().unwrap();
     assert!(status.success(), "larderd exited with {status}");
     assert!(!socket.exists(), "the socket is removed on exit");
 }

@@ -213,10 +213,28 @@ async fn resuming_mid_epoch_serves_exactly_the_rest() {
 async fn memory_tier_stays_within_its_budget_and_keeps_its_working_set() {
     let n = 1000u64;
     // A quarter of the samples (each its image and its int64 label, charged by its
-    // allocation), and the message path's share on top.
+    // allocation), and on top the message path's share and what the dataset and a stream
+    // take outside the cache: the scratch tier's index, the stream's plan and its order.
     let tier = 250 * cost_of(SAMPLE_BYTES + 8);
     let share = 1 << 20;
-    let budget = tier + share;
+    let plan = larder::sampler::Plan::bytes_for(&larder::sampler::PlanRequest {
+        num_samples: n,
+        batch_size: 25,
+        seed: 1,
+        epoch: 0,
+        rank: 0,
+        world_size: 1,
+        worker: 0,
+        num_workers: 0,
+        start_sample: 0,
+        start_step: 0,
+        start_batch: 0,
+        shuffle: true,
+        drop_last: false,
+        even_batches: false,
+        split: None,
+    });
+    let budget = tier + share + 8 * n + plan + 4 * n;
     let f = Fixture::start_with(
         n,
         &format!("budget_bytes = {budget}\nmessage_bytes = {share}"),
@@ -228,12 +246,18 @@ async fn memory_tier_stays_within_its_budget_and_keeps_its_working_set() {
         check_contents(&batches);
         let s = f.stats().await;
         assert!(s.memory_bytes <= tier, "{} > {tier}", s.memory_bytes);
-        // The limit: the budget less the message path's share and the streams' futures the
-        // policy keeps (the epoch just served waits for its next one).
+        // The limit: the budget less the message path's share, the streams' futures the
+        // policy keeps (the epoch just served waits for its next one) and what the dataset and
+        // streams take outside the cache (the scratch tier's index, the open plans).
         assert_eq!(s.message_budget_bytes, share);
         assert_eq!(
             s.memory_budget_bytes,
-            budget - s.message_budget_bytes - s.memory_policy_bytes
+            budget - s.message_budget_bytes - s.memory_policy_bytes - s.footprint_bytes
+        );
+        assert!(
+            s.footprint_bytes >= 8 * n,
+            "the scratch index: {}",
+            s.footprint_bytes
         );
         assert!(
             s.memory_policy_bytes < 3 * 8 * n,

@@ -200,7 +200,7 @@ impl Proofs {
 }
 
 /// The status-change time of `path`, in nanoseconds.
-fn ctime_of(path: &Path) -> Option<i128> {
+pub fn ctime_of(path: &Path) -> Option<i128> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).ok()?;
     Some(m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128)

@@ -179,6 +179,30 @@ pub struct Limits {
     /// Most datasets one user may add (`larder add`). Default 32.
     #[serde(default = "default_max_datasets_per_user")]
     pub max_datasets_per_user: u32,
+    /// Most bytes of the daemon's memory all datasets and streams may take outside the cache
+    /// together (each sample's size, file lists, the scratch tier's index, streams' plans
+    /// and orders); taken off the memory tier's budget as they grow. Default: half of
+    /// `memory.budget_bytes`, and at least 64 MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub footprint_bytes: Option<u64>,
+    /// Most of those bytes one user's datasets and streams may take (the config's own
+    /// datasets count against `footprint_bytes` alone). An add or a stream that would pass it
+    /// is refused, saying what it would cost. Default: an eighth of `memory.budget_bytes`, and
+    /// at least 16 MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_footprint_bytes: Option<u64>,
+    /// Most connections one user may hold open on the Unix socket at once (rings included);
+    /// one more is closed at once, and logged. Default 256.
+    #[serde(default = "default_connections_per_user")]
+    pub connections_per_user: u32,
+    /// Seconds a connection that has asked nothing (no gRPC call, no ring) is kept open.
+    /// Default 30.
+    #[serde(default = "default_idle_connection_seconds")]
+    pub idle_connection_seconds: u64,
+    /// Streams' plans one user may have built at once (a plan is built off the async
+    /// threads; more wait their turn). Default 2.
+    #[serde(default = "default_plans_per_user")]
+    pub plans_per_user: u32,
 }
 
 impl Default for Limits {
@@ -188,8 +212,29 @@ impl Default for Limits {
             max_sample_bytes: default_max_sample_bytes(),
             max_batch_bytes: default_max_batch_bytes(),
             max_datasets_per_user: default_max_datasets_per_user(),
+            footprint_bytes: None,
+            user_footprint_bytes: None,
+            connections_per_user: default_connections_per_user(),
+            idle_connection_seconds: default_idle_connection_seconds(),
+            plans_per_user: default_plans_per_user(),
         }
     }
+}
+
+/// The least the footprint account allows by default, however small the memory budget (a
+/// daemon configured to cache nothing still opens datasets).
+const FOOTPRINT_FLOOR: u64 = 64 << 20;
+
+fn default_connections_per_user() -> u32 {
+    256
+}
+
+fn default_idle_connection_seconds() -> u64 {
+    30
+}
+
+fn default_plans_per_user() -> u32 {
+    2
 }
 
 fn default_max_image_pixels() -> u64 {
@@ -217,6 +262,11 @@ pub struct ShmConfig {
     /// machine's memory.
     #[serde(default)]
     pub budget_bytes: Option<u64>,
+    /// Bytes one user's rings may take together (a ring that would pass it is refused, and
+    /// the client falls back to batches in the message). Default: a quarter of
+    /// `budget_bytes`.
+    #[serde(default)]
+    pub user_bytes: Option<u64>,
 }
 
 fn default_scratch_dir() -> PathBuf {
@@ -362,6 +412,24 @@ impl Config {
     /// Bytes all shared-memory rings may take together.
     pub fn shm_budget_bytes(&self, total_memory: u64) -> u64 {
         self.shm.budget_bytes.unwrap_or(total_memory / 8)
+    }
+
+    /// Bytes one user's rings may take together, of the rings' `budget`.
+    pub fn shm_user_bytes(&self, budget: u64) -> u64 {
+        self.shm.user_bytes.unwrap_or(budget / 4).min(budget)
+    }
+
+    /// The footprint account's limits for a memory `budget`: all charges, one user's.
+    pub fn footprint_limits(&self, budget: u64) -> (u64, u64) {
+        let total = self
+            .limits
+            .footprint_bytes
+            .unwrap_or((budget / 2).max(FOOTPRINT_FLOOR));
+        let user = self
+            .limits
+            .user_footprint_bytes
+            .unwrap_or((budget / 8).max(FOOTPRINT_FLOOR / 4));
+        (total, user.min(total))
     }
 
     /// Available-memory floor below which the cache gives memory back.

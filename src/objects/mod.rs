@@ -48,11 +48,14 @@ pub fn is_url(path: &Path) -> bool {
     scheme_of(path).is_some_and(|s| SCHEMES.contains(&s))
 }
 
-/// Where objects are: a bucket, and a key (one object) or a prefix (a folder of them).
+/// Where objects are: a bucket, and a key (one object) or a prefix (a folder of them); for a
+/// dataset's pattern, only the keys of that folder that start with `only` (the pattern's part
+/// before its first `{`, `*` or `?`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Location {
     pub bucket: String,
     pub key: String,
+    pub only: Option<String>,
 }
 
 impl Location {
@@ -83,18 +86,33 @@ impl Location {
         Ok(Location {
             bucket: bucket.to_string(),
             key: key.to_string(),
+            only: None,
         })
     }
 
     /// The location a dataset's path reaches: the path itself, or for a pattern (a brace
-    /// range, a `*`) the prefix before the part the pattern is in.
+    /// range, a glob) exactly the keys that start with its part before the first `{`, `*` or
+    /// `?` (in the folder that part is in).
     pub fn scope_of(path: &Path) -> Result<Location> {
         let s = path.to_str().context("a URL that is not UTF-8")?;
-        let Some(at) = s.find(['{', '*']) else {
+        let Some(at) = s.find(['{', '*', '?']) else {
             return Location::parse(path);
         };
-        let fixed = s[..at].rsplit_once('/').map_or(s, |(head, _)| head);
-        Location::parse(Path::new(fixed))
+        let (folder, _) = s[..at]
+            .rsplit_once('/')
+            .context("a pattern without a bucket")?;
+        let mut scope = Location::parse(Path::new(folder))?;
+        let fixed = s[..at].strip_prefix("s3://").unwrap_or(&s[..at]);
+        let (_, only) = fixed.split_once('/').unwrap_or((fixed, ""));
+        scope.only = Some(only.to_string());
+        Ok(scope)
+    }
+
+    /// Whether a listing of `key` may be asked within this location: the location, an object
+    /// or prefix under it, or (for a pattern) its folder, whose listing is cut to the keys it
+    /// holds.
+    pub fn lists(&self, key: &str) -> bool {
+        self.holds(key) || (self.only.is_some() && key == self.key)
     }
 
     /// The URL of the object `key` in this location's bucket.
@@ -102,13 +120,19 @@ impl Location {
         format!("s3://{}/{key}", self.bucket)
     }
 
-    /// Whether `key` is this location's object or lies under its prefix.
+    /// Whether `key` is this location's object or lies under its prefix (and, for a
+    /// pattern, starts as it does).
     pub fn holds(&self, key: &str) -> bool {
-        self.key.is_empty()
+        let under = self.key.is_empty()
             || key == self.key
             || key
                 .strip_prefix(&self.key)
-                .is_some_and(|rest| rest.starts_with('/'))
+                .is_some_and(|rest| rest.starts_with('/'));
+        under
+            && self
+                .only
+                .as_ref()
+                .is_none_or(|only| key.starts_with(only.as_str()))
     }
 }
 
@@ -194,10 +218,23 @@ mod tests {
         ] {
             assert!(Location::parse(Path::new(bad)).is_err(), "{bad}");
         }
-        let scope = |p: &str| Location::scope_of(Path::new(p)).unwrap().key;
-        assert_eq!(scope("s3://data/wds/train-{000..009}.tar"), "wds");
-        assert_eq!(scope("s3://data/pq/train-*.parquet"), "pq");
-        assert_eq!(scope("s3://data/pq"), "pq");
+        let scope = |p: &str| Location::scope_of(Path::new(p)).unwrap();
+        let wds = scope("s3://data/wds/train-{000..009}.tar");
+        assert_eq!(
+            (wds.key.as_str(), wds.only.as_deref()),
+            ("wds", Some("wds/train-"))
+        );
+        assert!(wds.holds("wds/train-003.tar"));
+        assert!(
+            !wds.holds("wds/val-000.tar"),
+            "exactly the pattern's prefix"
+        );
+        assert!(!wds.holds("wds"), "the folder itself is no object of it");
+        assert!(wds.lists("wds") && !wds.lists("other"));
+        let pq = scope("s3://data/pq/train-?.parquet");
+        assert_eq!(pq.only.as_deref(), Some("pq/train-"));
+        assert_eq!(scope("s3://data/pq").key, "pq");
+        assert!(scope("s3://data/pq").only.is_none());
         assert!(is_url(Path::new("s3://b/k")));
         assert!(!is_url(Path::new("/data/s3://b")));
         assert!(

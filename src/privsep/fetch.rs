@@ -302,20 +302,35 @@ fn answer(m: &wire::Message, scope: &Scope) -> Result<Vec<u8>> {
     let (store, scope) = (scope, &scope.at);
     let mut r = wire::Reader::new(&m.payload);
     let bucket = r.str()?.to_string();
+    let outside = |key: &str| {
+        anyhow::anyhow!(
+            "s3://{bucket}/{key} is outside the dataset's {}{}",
+            scope.url_of(&scope.key),
+            scope
+                .only
+                .as_ref()
+                .map_or(String::new(), |o| format!(" (keys starting {o:?})"))
+        )
+    };
     let within = |key: &str| {
-        ensure!(
-            bucket == scope.bucket && scope.holds(key),
-            "s3://{bucket}/{key} is outside the dataset's {}",
-            scope.url_of(&scope.key)
-        );
-        Ok(())
+        if bucket == scope.bucket && scope.holds(key) {
+            Ok(())
+        } else {
+            Err(outside(key))
+        }
     };
     match Request::try_from(m.kind)? {
         Request::List => {
             let key = r.str()?.to_string();
             r.end()?;
-            within(&key)?;
-            let at = Location { bucket, key };
+            if bucket != scope.bucket || !scope.lists(&key) {
+                return Err(outside(&key));
+            }
+            let at = Location {
+                bucket,
+                key,
+                only: None,
+            };
             let objects = store.list(&at)?;
             let mut w = Writer::default();
             w.u32(objects.len() as u32);
@@ -393,6 +408,22 @@ mod tests {
                 "{said}"
             );
         }
+        // A pattern's scope is exactly its prefix: a sibling in its folder is outside.
+        let said = asked(
+            Request::Get as u8,
+            &get("data", "wds/val-000.tar"),
+            "s3://data/wds/train-{000..009}.tar",
+        );
+        assert!(
+            said.contains("outside") && said.contains("wds/train-"),
+            "{said}"
+        );
+        let said = asked(
+            Request::List as u8,
+            &list("data", "other"),
+            "s3://data/wds/train-{000..009}.tar",
+        );
+        assert!(said.contains("outside"), "{said}");
         // A request cut short, or of no kind, is refused before anything is fetched.
         let said = asked(
             Request::Get as u8,

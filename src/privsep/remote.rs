@@ -18,6 +18,7 @@ use super::protocol::{self, Kind, Outcome, Sizes};
 use super::wire;
 use crate::config::{DatasetConfig, Limits};
 use crate::error::{Error, Kind as ErrorKind};
+use crate::footprint::{Charge, Footprint, Payer};
 use crate::objects::Location;
 use crate::pipeline::Preprocess;
 use crate::source::{Format, Opened, Prepared, Provenance, RawSample, RawSource};
@@ -325,6 +326,10 @@ pub struct RemoteSource {
     state: Mutex<State>,
     /// Why its files no longer read as they did when it was opened, once a reader said so.
     changed: Mutex<Option<String>>,
+    /// A `Check` is being asked of its reader (one at a time).
+    checking: std::sync::atomic::AtomicBool,
+    /// What its sizes and walk take of the daemon's memory, charged to its owner.
+    _charges: Vec<Charge>,
 }
 
 /// The reader serving now, and the failures in a row before it.
@@ -366,16 +371,18 @@ fn slots_of(uid: u32) -> Arc<tokio::sync::Semaphore> {
 }
 
 /// Opens dataset `c` in a new reader running as `user`, counting in `found` the files its
-/// open finds.
+/// open finds, and charging what it takes of the daemon's memory (each sample's size, its
+/// files) to `payer` in `account` before it is allocated.
 pub async fn open(
     launcher: &'static Launcher,
     user: User,
     c: &DatasetConfig,
     limits: &Limits,
     found: Arc<AtomicU64>,
+    (account, payer): (&Arc<Footprint>, Payer),
 ) -> Result<Opened> {
     let reader = start(launcher, &user, found).await?;
-    from_reader(Some(launcher), user, c, limits, reader).await
+    from_reader(Some(launcher), user, c, limits, reader, (account, payer)).await
 }
 
 /// A new reader for `user`, greeted.
@@ -414,6 +421,7 @@ async fn from_reader(
     c: &DatasetConfig,
     limits: &Limits,
     reader: Arc<Connection>,
+    charge_to: (&Arc<Footprint>, Payer),
 ) -> Result<Opened> {
     let objects = crate::objects::is_url(&c.path)
         .then(|| Location::scope_of(&c.path))
@@ -424,8 +432,16 @@ async fn from_reader(
         walk: false,
         objects: objects.is_some(),
     };
-    let (meta, sizes, walk) =
-        open_in(&reader, &open_request, None, objects.as_ref(), limits).await?;
+    let what = format!("dataset {:?}", c.name);
+    let (meta, sizes, walk, charges) = open_in(
+        &reader,
+        &open_request,
+        None,
+        objects.as_ref(),
+        limits,
+        Some((charge_to.0, charge_to.1, &what)),
+    )
+    .await?;
     // Who may have it follows from what it is, which the daemon knows: its files as walked
     // before any was parsed, or for an object store its location (which only `allow` grants),
     // never what a reader (one a crafted file took over) says later.
@@ -456,6 +472,8 @@ async fn from_reader(
             restarting: false,
         }),
         changed: Mutex::default(),
+        checking: Default::default(),
+        _charges: charges,
     };
     Ok(Opened {
         source: Box::new(source),
@@ -468,15 +486,27 @@ async fn from_reader(
 /// The most bytes of a walk's list of files.
 const MOST_WALK_BYTES: u64 = 16 << 30;
 
+/// What a dataset's open charges: to whom, and the dataset's name for the message.
+type ChargeTo<'a> = (&'a Arc<Footprint>, Payer, &'a str);
+
 /// Opens the dataset in `reader`, handing it `walk` when the daemon has one: what it is, each
-/// sample's bytes on disk, and its files as walked.
+/// sample's bytes on disk, and its files as walked; with `charge_to`, what they take of the
+/// daemon's memory is charged before they are read in.
 async fn open_in(
     reader: &Connection,
     request: &protocol::Open,
     walk: Option<&[PathBuf]>,
     objects: Option<&Location>,
     limits: &Limits,
-) -> Result<(protocol::Opened, SampleSizes, Vec<PathBuf>)> {
+    charge_to: Option<ChargeTo<'_>>,
+) -> Result<(protocol::Opened, SampleSizes, Vec<PathBuf>, Vec<Charge>)> {
+    let mut charges = vec![];
+    let mut charge = |bytes: u64, what: String| -> Result<()> {
+        if let Some((account, payer, name)) = charge_to {
+            charges.push(account.charge(payer, bytes, &format!("{name}: {what}"))?);
+        }
+        Ok(())
+    };
     let mut fds: Vec<OwnedFd> = vec![];
     if let Some(walk) = walk {
         fds.push(wire::sealed_memfd(
@@ -509,7 +539,15 @@ async fn open_in(
         None => {
             reader.expect(&m, Kind::Walked).map_err(failed)?;
             let list = m.fd().context("a walk without its list")?;
-            let walked = wire::paths_of(&wire::read_sealed(list, MOST_WALK_BYTES)?);
+            let map = wire::map_sealed(list, MOST_WALK_BYTES)?;
+            let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
+            let entries = bytes.iter().filter(|&&b| b == 0).count() as u64;
+            // A path each: its bytes, and a PathBuf with its allocation's overhead.
+            charge(
+                bytes.len() as u64 + 40 * entries,
+                format!("its list of {entries} files"),
+            )?;
+            let walked = wire::paths_of(bytes);
             m = reply.next().await.map_err(failed)?;
             walked
         }
@@ -526,6 +564,7 @@ async fn open_in(
         Sizes::Each(n) => SampleSizes::Each(n.min(limits.max_sample_bytes)),
         Sizes::PerSample => {
             let want = meta.len.checked_mul(4).context("sizes past any memfd")?;
+            charge(want, format!("the sizes of its {} samples", meta.len))?;
             // Mapped, not read whole: only the bytes taken below are copied.
             let map = wire::map_sealed(m.fd().context("no sizes beside the answer")?, want)?;
             let bulk: &[u8] = map.as_deref().unwrap_or(&[]);
@@ -542,7 +581,7 @@ async fn open_in(
             )
         }
     };
-    Ok((meta, sizes, walk))
+    Ok((meta, sizes, walk, charges))
 }
 
 impl RemoteSource {
@@ -592,9 +631,10 @@ impl RemoteSource {
                 Some(&self.walk),
                 self.objects.as_ref(),
                 &limits,
+                None,
             )
             .await;
-            opened.map(|(meta, _, _)| (r, meta))
+            opened.map(|(meta, ..)| (r, meta))
         }
         .await;
         let mut state = lock(&self.state);
@@ -760,6 +800,17 @@ impl RemoteSource {
         let Some(reader) = lock(&self.state).reader.clone() else {
             return;
         };
+        // One at a time: a reader slow to answer is not asked again meanwhile.
+        if self.checking.swap(true, Relaxed) {
+            return;
+        }
+        struct Done<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Relaxed);
+            }
+        }
+        let _done = Done(&self.checking);
         if let Ok(m) = reader
             .ask(Kind::Check, &[], &[], Kind::Checked, LOAD_STALL)
             .await

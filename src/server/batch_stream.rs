@@ -138,6 +138,9 @@ pub struct Producer {
     pub catalog: Arc<crate::catalog::Catalog>,
     /// Tells the memory tier's policy which batch the stream reads.
     pub cursor: crate::open_streams::Cursor,
+    /// What the stream takes of the daemon's memory (its plan and order), charged to who
+    /// opened it until it ends.
+    pub _costs: super::planning::Costs,
 }
 
 impl Producer {
@@ -155,6 +158,7 @@ impl Producer {
             who,
             catalog,
             cursor,
+            _costs,
         } = self;
         let mut checked = Instant::now();
         // The ring is this stream's until it ends (a previous stream on it must stop first).

@@ -10,6 +10,7 @@ use super::shm::{self, Rings};
 use super::shutdown::{self, Shutdown, Trigger};
 use crate::catalog::Catalog;
 use crate::config::Config;
+use crate::footprint::Footprint;
 use crate::metrics::Metrics;
 use crate::open_streams::Streams;
 use crate::proto::health::health_server::HealthServer;
@@ -127,6 +128,9 @@ impl Daemon {
             tracing::warn!("no state_dir: datasets users add are kept until the daemon stops");
         }
         let registry = Arc::new(Registry::load(state_dir.as_deref()));
+        // What datasets and streams take outside the cache, inside the same budget.
+        let (footprint_total, footprint_user) = config.footprint_limits(budget);
+        let account = Footprint::new(footprint_total, footprint_user, Some(memory.clone()));
         let datasets = Datasets::new(
             catalog.clone(),
             store.clone(),
@@ -134,12 +138,18 @@ impl Daemon {
             registry.clone(),
             config.limits,
             (budget, config.memory.expansion_factor),
+            account,
         );
         catalog.expect(&config.datasets);
         catalog.expect(&registry.configs());
         let keeper = tokio::spawn(datasets.clone().keep_current(shutdown.subscribe()));
         // The rings' bytes come off the memory tier's share: both stay within its budget.
-        let rings = Rings::within(config.shm_budget_bytes(total), memory.clone());
+        let shm_budget = config.shm_budget_bytes(total);
+        let rings = Rings::within(
+            shm_budget,
+            config.shm_user_bytes(shm_budget),
+            memory.clone(),
+        );
         let service = Service::new(
             store.clone(),
             rings.clone(),
@@ -182,7 +192,13 @@ impl Daemon {
         }
         if let Some(path) = &config.unix_socket {
             let listener = bind_unix(path, config.unix_socket_mode)?;
-            let incoming = route_unix(listener, rings, shutdown.subscribe());
+            let connections = Connections {
+                per_user: crate::access::connection::PerUser::new(
+                    config.limits.connections_per_user,
+                ),
+                idle: Duration::from_secs(config.limits.idle_connection_seconds.max(1)),
+            };
+            let incoming = route_unix(listener, rings, connections, shutdown.subscribe());
             servers.push(spawn_server(
                 &service,
                 &buffers,
@@ -289,7 +305,17 @@ where
     let reflection_v1alpha = reflection()
         .build_v1alpha()
         .expect("the descriptors compiled in are valid");
+    // A connection that asks something is no longer idle (see `access::connection`).
+    let asked = tower::util::MapRequestLayer::new(|r: http::Request<Body>| {
+        if let Some(p) = r.extensions().get::<crate::access::connection::PeerInfo>() {
+            p.asked();
+        }
+        r
+    });
     let router = tonic::transport::Server::builder()
+        // A connection's calls at once: a client's streams and calls fit; a flood waits.
+        .max_concurrent_streams(MAX_CALLS_PER_CONNECTION)
+        .layer(asked)
         .layer(count_sent)
         .add_service(LarderServer::new(service.clone()).max_encoding_message_size(usize::MAX))
         .add_service(HealthServer::new(HealthService::new(service.clone())))
@@ -304,11 +330,23 @@ where
     })
 }
 
+/// The calls one connection may have in flight at once (HTTP/2 streams).
+const MAX_CALLS_PER_CONNECTION: u32 = 128;
+
+/// What one user's connections may hold: how many at once, and how long one that asks
+/// nothing stays open.
+struct Connections {
+    per_user: Arc<crate::access::connection::PerUser>,
+    idle: Duration,
+}
+
 /// The gRPC connections of a Unix listener: a connection that starts with a ring request is
-/// served as one (shared memory for its process) and never reaches gRPC.
+/// served as one (shared memory for its process) and never reaches gRPC. A user's connection
+/// past their limit is closed at once.
 fn route_unix(
     listener: tokio::net::UnixListener,
     rings: Arc<Rings>,
+    connections: Connections,
     mut stop: Shutdown,
 ) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<crate::access::connection::PeerStream>>
 {
@@ -327,16 +365,31 @@ fn route_unix(
                 },
                 _ = stop.stopped() => return,
             };
-            let (tx, rings, stop) = (tx.clone(), rings.clone(), stop.clone());
+            let Some(uid) = stream.peer_cred().ok().map(|c| c.uid()) else {
+                continue;
+            };
+            let Some(held) = connections.per_user.admit(uid) else {
+                tracing::warn!(
+                    uid,
+                    "a connection past the user's limit (limits.connections_per_user): closed"
+                );
+                continue;
+            };
+            let (tx, rings, stop, idle) =
+                (tx.clone(), rings.clone(), stop.clone(), connections.idle);
             tokio::spawn(async move {
                 match shm::is_ring_request(&stream).await {
                     Ok(true) => rings.serve(stream, stop).await,
-                    Ok(false) => match crate::access::connection::PeerStream::new(stream) {
-                        Ok(stream) => {
-                            let _ = tx.send(Ok(stream)).await;
+                    Ok(false) => {
+                        match crate::access::connection::PeerStream::new(stream, held, idle) {
+                            Ok(stream) => {
+                                let _ = tx.send(Ok(stream)).await;
+                            }
+                            Err(e) => {
+                                tracing::warn!("who is at the other end of a connection: {e}")
+                            }
                         }
-                        Err(e) => tracing::warn!("who is at the other end of a connection: {e}"),
-                    },
+                    }
                     Err(_) => {} // closed or silent before saying anything
                 }
             });

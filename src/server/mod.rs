@@ -14,10 +14,12 @@ mod daemon;
 mod health;
 mod held_messages;
 mod layout;
+mod planning;
 pub mod reload;
 mod service;
 pub mod shm;
 pub mod shutdown;
+mod turns;
 
 pub use daemon::Daemon;
 pub use service::Service;

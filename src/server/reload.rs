@@ -4,7 +4,7 @@
 //! started with and finish as it was.
 
 use super::shutdown::Shutdown;
-use crate::catalog::{Catalog, Changes, Dataset, Job};
+use crate::catalog::{Catalog, Changes, Dataset, Job, OpenWith};
 use crate::config::{DatasetConfig, Limits};
 use crate::error::{quote, Error, Kind};
 use crate::store::Store;
@@ -28,6 +28,8 @@ pub struct Datasets {
     limits: Limits,
     /// The memory tier's budget and the expansion factor, for each dataset's capacity plan.
     plan: (u64, f64),
+    /// What opens need: the limits, the footprint account, whether there is a scratch tier.
+    open_with: OpenWith,
 }
 
 impl Datasets {
@@ -38,7 +40,13 @@ impl Datasets {
         registry: Arc<Registry>,
         limits: Limits,
         plan: (u64, f64),
+        account: Arc<crate::footprint::Footprint>,
     ) -> Datasets {
+        let open_with = OpenWith {
+            limits,
+            account,
+            scratch: store.has_scratch(),
+        };
         Datasets {
             catalog,
             store,
@@ -46,6 +54,7 @@ impl Datasets {
             registry,
             limits,
             plan,
+            open_with,
         }
     }
 
@@ -59,6 +68,11 @@ impl Datasets {
     pub async fn reload(&self, configs: Vec<DatasetConfig>) {
         *self.configs.lock().unwrap_or_else(|e| e.into_inner()) = configs;
         self.start_opens().await;
+    }
+
+    /// The account what datasets and streams take of the daemon's memory is charged to.
+    pub fn account(&self) -> &Arc<crate::footprint::Footprint> {
+        &self.open_with.account
     }
 
     /// The datasets users added.
@@ -152,8 +166,8 @@ impl Datasets {
 
     /// Opens `job` and publishes what came of it (a panic in the open is its failure).
     async fn open(&self, job: Job) {
-        let (j, limits) = (job.clone(), self.limits);
-        let opened = tokio::spawn(async move { crate::catalog::open_dataset(&j, limits).await })
+        let (j, with) = (job.clone(), self.open_with.clone());
+        let opened = tokio::spawn(async move { crate::catalog::open_dataset(&j, &with).await })
             .await
             .unwrap_or_else(|e| Err(anyhow::anyhow!("opening it failed ({e}; see the log)")));
         let changes = self.catalog.publish(job, opened);

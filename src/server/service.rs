@@ -55,6 +55,8 @@ pub struct Service {
     datasets: Datasets,
     /// Becomes true when the daemon shuts down: open streams end with UNAVAILABLE.
     shutdown: Shutdown,
+    /// Streams' plans, charged to who opens them and built in their turn.
+    planning: Arc<super::planning::Planning>,
 }
 
 impl Service {
@@ -68,6 +70,10 @@ impl Service {
         shutdown: Shutdown,
     ) -> Service {
         Service {
+            planning: Arc::new(super::planning::Planning::new(
+                datasets.account().clone(),
+                config.limits.plans_per_user,
+            )),
             catalog: datasets.catalog().clone(),
             datasets,
             shutdown,
@@ -174,7 +180,13 @@ impl Service {
         let (spare, in_flight) = (self.buffers.bytes().0, self.buffers.in_flight());
         let process = crate::alloc::footprint();
         let allocator_free = crate::alloc::free_bytes();
+        let account = self.datasets.account();
+        let (footprint, (footprint_limit, user_footprint_limit)) =
+            (account.total(), account.limits());
         Stats {
+            footprint_bytes: footprint,
+            footprint_limit_bytes: footprint_limit,
+            user_footprint_limit_bytes: user_footprint_limit,
             memory_bytes: mem.bytes,
             memory_budget_bytes: mem.limit,
             memory_entries: mem.entries,
@@ -198,14 +210,14 @@ impl Service {
             bad_samples: self.catalog.all().iter().map(|d| d.bad_count()).sum(),
             message_buffer_spare_bytes: spare,
             message_buffer_in_flight_bytes: in_flight,
-            accounted_bytes: mem.bytes + shm_bytes + spare + in_flight,
+            accounted_bytes: mem.bytes + shm_bytes + spare + in_flight + footprint,
             resident_bytes: process.resident,
             anonymous_bytes: process.anonymous,
             shared_bytes: process.shared,
             allocator_free_bytes: allocator_free,
             // The budget holds the tier and the message path's share; the path may pass its
             // share by the batches streams' clients wait for.
-            anonymous_ceiling_bytes: mem.budget
+            anonymous_ceiling_bytes: mem.budget.max(footprint)
                 + (spare + in_flight).saturating_sub(self.buffers.cap())
                 + allocator_free
                 + crate::alloc::UNACCOUNTED_ALLOWANCE,
@@ -384,11 +396,29 @@ impl Service {
         Ok(Some(ring))
     }
 
-    fn plan(
+    /// The plan `req` asks of `ds` for `who`, charged to them (with the epoch's order when
+    /// `with_order`), built in their turn off the async threads; with the fields it selects.
+    async fn plan(
         &self,
         ds: Arc<Dataset>,
         req: &StreamBatchesRequest,
-    ) -> Result<(Arc<Dataset>, Plan, Selection), Status> {
+        who: &Caller,
+        with_order: bool,
+    ) -> Result<(Arc<Dataset>, Plan, Selection, super::planning::Costs), Status> {
+        let (sel, request) = self.plan_request(&ds, req)?;
+        let (plan, costs) = self
+            .planning
+            .build(who, (ds.id, &ds.name), request, with_order)
+            .await?;
+        Ok((ds, plan, sel, costs))
+    }
+
+    /// What `req` asks of `ds`, checked: the fields it selects and the plan's request.
+    fn plan_request(
+        &self,
+        ds: &Dataset,
+        req: &StreamBatchesRequest,
+    ) -> Result<(Selection, PlanRequest), Status> {
         let layout = VariableLayout::try_from(req.variable_layout).map_err(|_| {
             bad_request(format!(
                 "variable_layout {} is unknown",
@@ -435,7 +465,7 @@ impl Service {
                 req.batch_size
             )));
         }
-        let plan = Plan::new(PlanRequest {
+        let request = PlanRequest {
             num_samples: ds.len(),
             batch_size: req.batch_size,
             seed: req.seed,
@@ -463,9 +493,8 @@ impl Service {
                 resumed: (req.resumed_nodes > 0 && req.resumed_nodes != req.nodes)
                     .then_some((req.resumed_nodes, req.resumed_sample)),
             }),
-        })
-        .map_err(|e| bad_request(format!("{e:#}")))?;
-        Ok((ds, plan, sel))
+        };
+        Ok((sel, request))
     }
 }
 
@@ -658,7 +687,13 @@ impl Larder for Service {
                 path.display()
             )));
         }
-        // Looked at as the caller: a path they cannot see names no kind for them.
+        // Looked at as the caller (a child as them, two of theirs at once at most): a path
+        // they cannot see names no kind for them.
+        static TURNS: std::sync::OnceLock<super::turns::Turns> = std::sync::OnceLock::new();
+        let _turn = TURNS
+            .get_or_init(|| super::turns::Turns::new(2))
+            .take(id.uid as u64)
+            .await;
         let id = id.clone();
         let found = tokio::task::spawn_blocking(move || {
             let me = unsafe { libc::geteuid() };
@@ -766,7 +801,7 @@ impl Larder for Service {
         let who = Caller::of(&request);
         let req = request.into_inner();
         let ds = self.admitted(&req.dataset, &who).await?;
-        let (ds, plan, sel) = self.plan(ds, &req)?;
+        let (ds, plan, sel, _costs) = self.plan(ds, &req, &who, false).await?;
         let sizes: Option<Vec<usize>> = sel
             .fields
             .iter()
@@ -793,7 +828,7 @@ impl Larder for Service {
         let peer = who.peer();
         let req = request.into_inner();
         let ds = self.admitted(&req.dataset, &who).await?;
-        let (ds, plan, sel) = self.plan(ds, &req)?;
+        let (ds, plan, sel, costs) = self.plan(ds, &req, &who, true).await?;
         let ring = self.ring(&req, &sel, peer)?;
         tracing::info!(
             dataset = %ds.name, batch_size = req.batch_size, seed = req.seed, epoch = req.epoch,
@@ -832,6 +867,7 @@ impl Larder for Service {
             who,
             catalog: self.catalog.clone(),
             cursor: handle.cursor(),
+            _costs: costs,
         };
         tokio::spawn(producer.run(tx));
         let metered = MeteredStream::new(rx, handle);

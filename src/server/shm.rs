@@ -63,10 +63,12 @@ pub enum Denied {
     NotYours,
 }
 
-/// The rings open now, bounded together by a byte budget.
+/// The rings open now, bounded together by a byte budget, and each user's by a share of it.
 pub struct Rings {
     /// Bytes all rings may take together.
     budget: u64,
+    /// Bytes one user's rings may take together.
+    user_budget: u64,
     /// Bytes the open rings take (shared with each ring, which gives its bytes back on drop).
     used: Arc<RingBytes>,
     /// Open rings by token.
@@ -95,11 +97,44 @@ pub struct Ring {
 pub struct RingBytes {
     bytes: AtomicU64,
     memory: Option<Arc<MemoryTier>>,
+    /// Bytes each user's rings take.
+    by_user: Mutex<HashMap<u32, u64>>,
 }
 
 impl RingBytes {
     fn load(&self) -> u64 {
         self.bytes.load(Ordering::Acquire)
+    }
+
+    /// Adds `size` for `uid` unless their rings would pass `user_budget` (Err(Some(theirs)))
+    /// or all rings `budget` (Err(None)).
+    fn reserve_for(
+        &self,
+        uid: u32,
+        size: u64,
+        (budget, user_budget): (u64, u64),
+    ) -> Result<(), Option<u64>> {
+        let mut by_user = self.by_user.lock().unwrap_or_else(|e| e.into_inner());
+        let theirs = by_user.get(&uid).copied().unwrap_or(0);
+        if theirs.checked_add(size).is_none_or(|n| n > user_budget) {
+            return Err(Some(theirs));
+        }
+        self.reserve(size, budget).map_err(|_| None)?;
+        *by_user.entry(uid).or_default() += size;
+        Ok(())
+    }
+
+    /// Gives back `size` of `uid`'s.
+    fn release_for(&self, uid: u32, size: u64) {
+        let mut by_user = self.by_user.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = by_user.get_mut(&uid) {
+            *n = n.saturating_sub(size);
+            if *n == 0 {
+                by_user.remove(&uid);
+            }
+        }
+        drop(by_user);
+        self.release(size);
     }
 
     /// Adds `size` unless the total would pass `budget`; else the total now.
@@ -143,25 +178,28 @@ pub struct Slot {
 }
 
 impl Rings {
-    /// Rings within `budget` bytes, outside any memory tier's.
+    /// Rings within `budget` bytes (any one user's too), outside any memory tier's.
     pub fn new(budget: u64) -> Arc<Rings> {
-        Rings::make(budget, None)
+        Rings::make(budget, budget, None)
     }
 
-    /// Rings within `budget` bytes and half the memory tier's budget, whose bytes `memory`
-    /// leaves room for (its limit is its budget less what the rings take): however many rings
-    /// clients open, the tier keeps at least half its budget.
-    pub fn within(budget: u64, memory: Arc<MemoryTier>) -> Arc<Rings> {
+    /// Rings within `budget` bytes and half the memory tier's budget, each user's within
+    /// `user_budget`, whose bytes `memory` leaves room for (its limit is its budget less what
+    /// the rings take): however many rings clients open, the tier keeps at least half its
+    /// budget, and no user's rings leave another none.
+    pub fn within(budget: u64, user_budget: u64, memory: Arc<MemoryTier>) -> Arc<Rings> {
         let half = memory.snapshot().budget / 2;
-        Rings::make(budget.min(half), Some(memory))
+        Rings::make(budget.min(half), user_budget, Some(memory))
     }
 
-    fn make(budget: u64, memory: Option<Arc<MemoryTier>>) -> Arc<Rings> {
+    fn make(budget: u64, user_budget: u64, memory: Option<Arc<MemoryTier>>) -> Arc<Rings> {
         Arc::new(Rings {
             budget,
+            user_budget: user_budget.min(budget),
             used: Arc::new(RingBytes {
                 bytes: AtomicU64::new(0),
                 memory,
+                by_user: Mutex::default(),
             }),
             open: Mutex::new(HashMap::new()),
         })
@@ -210,17 +248,33 @@ impl Rings {
             )));
         };
         let slot_bytes = (size - HEADER_BYTES) / slots as u64;
-        // Reserve the bytes, or say how far over the budget this would go.
-        if let Err(used) = self.used.reserve(size, self.budget) {
-            return Err(Refusal::Exhausted(format!(
-                "a ring of {slots} slots of {slot_bytes} bytes ({size} bytes) does not fit: \
-                 rings take {used} of the daemon's {} bytes for shared memory (shm.budget_bytes, \
-                 or half of memory.budget_bytes if that is less)",
-                self.budget
-            )));
+        // Reserve the bytes, or say how far over the user's share or the budget this would go.
+        match self
+            .used
+            .reserve_for(owner.uid, size, (self.budget, self.user_budget))
+        {
+            Ok(()) => {}
+            Err(Some(theirs)) => {
+                return Err(Refusal::Exhausted(format!(
+                    "a ring of {slots} slots of {slot_bytes} bytes ({size} bytes) does not fit: \
+                     uid {}'s rings take {theirs} of the {} bytes one user's may \
+                     (shm.user_bytes)",
+                    owner.uid, self.user_budget
+                )))
+            }
+            Err(None) => {
+                return Err(Refusal::Exhausted(format!(
+                    "a ring of {slots} slots of {slot_bytes} bytes ({size} bytes) does not fit: \
+                     rings take {} of the daemon's {} bytes for shared memory (shm.budget_bytes, \
+                     or half of memory.budget_bytes if that is less)",
+                    self.used.load(),
+                    self.budget
+                )))
+            }
         }
         let reserved = Reservation {
             used: self.used.clone(),
+            uid: owner.uid,
             size,
         };
         let fd = memfd(size).map_err(|e| Refusal::Failed(format!("{e:#}")))?;
@@ -438,7 +492,7 @@ impl Ring {
 
 impl Drop for Ring {
     fn drop(&mut self) {
-        self.used.release(self.size());
+        self.used.release_for(self.owner.uid, self.size());
     }
 }
 
@@ -479,12 +533,13 @@ impl Drop for Slot {
 /// Bytes reserved in the budget, given back unless the ring took them over.
 struct Reservation {
     used: Arc<RingBytes>,
+    uid: u32,
     size: u64,
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.used.release(self.size);
+        self.used.release_for(self.uid, self.size);
     }
 }
 
@@ -639,6 +694,37 @@ mod tests {
             pid: Some(std::process::id() as i32),
             uid: unsafe { libc::getuid() },
         }
+    }
+
+    #[test]
+    fn one_users_rings_stay_within_their_share_and_leave_the_others_room() {
+        let rings = Rings::make(HEADER_BYTES + 16 * 4096, HEADER_BYTES + 8 * 4096, None);
+        let bob = Peer {
+            pid: Some(2),
+            uid: 5002,
+        };
+        let alice = Peer {
+            pid: Some(1),
+            uid: 5001,
+        };
+        // Bob asks for the whole budget: over his share, refused, naming the key.
+        match rings.create(bob, 16, 4096) {
+            Err(Refusal::Exhausted(why)) => assert!(why.contains("shm.user_bytes"), "{why}"),
+            _ => panic!("bob's ring the size of the budget was granted"),
+        }
+        let (b, bt, _) = rings.create(bob, 8, 4096).ok().unwrap();
+        assert!(rings.create(bob, 1, 4096).is_err(), "his share is taken");
+        let (a, at, _) = rings
+            .create(alice, 7, 4096)
+            .ok()
+            .expect("alice's ring is granted");
+        for t in [bt, at] {
+            rings.open.lock().unwrap().remove(&t);
+        }
+        drop(b);
+        drop(a);
+        assert_eq!(rings.snapshot().1, 0);
+        assert!(rings.used.by_user.lock().unwrap().is_empty());
     }
 
     #[test]

@@ -47,6 +47,9 @@ struct Inner {
     reserved: u64,
     /// Bytes of the budget held back for good (the message path's share).
     held_back: u64,
+    /// Bytes of the budget the footprint account holds (what datasets and streams take
+    /// outside the cache).
+    footprint: u64,
     /// Lookup counter, the clock policies measure time in.
     clock: u64,
     declined: u64,
@@ -125,6 +128,7 @@ impl MemoryTier {
                 watched: budget,
                 reserved: 0,
                 held_back: 0,
+                footprint: 0,
                 clock: 0,
                 declined: 0,
                 evicted: 0,
@@ -267,6 +271,14 @@ impl MemoryTier {
         inner.apply_limit();
     }
 
+    /// Leaves `bytes` of the budget to what the footprint account counts, evicting at the
+    /// policy's word until the tier fits in the rest.
+    pub fn set_footprint(&self, bytes: u64) {
+        let mut inner = self.lock();
+        inner.footprint = bytes;
+        inner.apply_limit();
+    }
+
     /// As `set_reserved`, with the bytes read from `counter` under the tier's lock (so that
     /// changes told at once cannot land in the wrong order).
     pub fn reserve_from(&self, counter: &std::sync::atomic::AtomicU64) {
@@ -294,7 +306,8 @@ impl MemoryTier {
 
 impl Inner {
     fn apply_limit(&mut self) {
-        let others = self.reserved + self.held_back + self.policy.extra_bytes() as u64;
+        let others =
+            self.reserved + self.held_back + self.footprint + self.policy.extra_bytes() as u64;
         self.limit = self.watched.min(self.budget.saturating_sub(others));
         while self.bytes > self.limit {
             let now = self.clock;

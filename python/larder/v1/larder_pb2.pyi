@@ -241,7 +241,7 @@ class SourceKindResponse(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., reason: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ["accounted_bytes", "active_streams", "admissions_declined", "allocator_free_bytes", "anonymous_bytes", "anonymous_ceiling_bytes", "bad_samples", "batch_wait_bounds", "batch_wait_counts", "batch_wait_sum_seconds", "batches_served", "bytes_served", "client_stall_seconds", "coalesced_fetches", "datasets", "hit_rate", "machine_available_bytes", "measured_expansion_factor", "memory_budget_bytes", "memory_bytes", "memory_configured_budget_bytes", "memory_entries", "memory_policy", "memory_policy_bytes", "memory_policy_seconds", "message_budget_bytes", "message_buffer_in_flight_bytes", "message_buffer_spare_bytes", "object_bytes", "object_gets", "planned_expansion_factor", "pool_busy", "pool_threads", "prefetched_raw_bytes", "prefetched_samples", "resident_bytes", "samples_served", "scratch_budget_bytes", "scratch_bytes", "scratch_corrupt_records", "scratch_paused", "shared_bytes", "shm_batches", "shm_budget_bytes", "shm_bytes", "shm_fallbacks", "shm_rings", "tiers", "uptime_seconds"]
+    __slots__ = ["accounted_bytes", "active_streams", "admissions_declined", "allocator_free_bytes", "anonymous_bytes", "anonymous_ceiling_bytes", "bad_samples", "batch_wait_bounds", "batch_wait_counts", "batch_wait_sum_seconds", "batches_served", "bytes_served", "client_stall_seconds", "coalesced_fetches", "datasets", "footprint_bytes", "footprint_limit_bytes", "hit_rate", "machine_available_bytes", "measured_expansion_factor", "memory_budget_bytes", "memory_bytes", "memory_configured_budget_bytes", "memory_entries", "memory_policy", "memory_policy_bytes", "memory_policy_seconds", "message_budget_bytes", "message_buffer_in_flight_bytes", "message_buffer_spare_bytes", "object_bytes", "object_gets", "planned_expansion_factor", "pool_busy", "pool_threads", "prefetched_raw_bytes", "prefetched_samples", "resident_bytes", "samples_served", "scratch_budget_bytes", "scratch_bytes", "scratch_corrupt_records", "scratch_paused", "shared_bytes", "shm_batches", "shm_budget_bytes", "shm_bytes", "shm_fallbacks", "shm_rings", "tiers", "uptime_seconds", "user_footprint_limit_bytes"]
     ACCOUNTED_BYTES_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_STREAMS_FIELD_NUMBER: _ClassVar[int]
     ADMISSIONS_DECLINED_FIELD_NUMBER: _ClassVar[int]
@@ -257,6 +257,8 @@ class Stats(_message.Message):
     CLIENT_STALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     COALESCED_FETCHES_FIELD_NUMBER: _ClassVar[int]
     DATASETS_FIELD_NUMBER: _ClassVar[int]
+    FOOTPRINT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FOOTPRINT_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
     HIT_RATE_FIELD_NUMBER: _ClassVar[int]
     MACHINE_AVAILABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MEASURED_EXPANSION_FACTOR_FIELD_NUMBER: _ClassVar[int]
@@ -291,6 +293,7 @@ class Stats(_message.Message):
     SHM_RINGS_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     UPTIME_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    USER_FOOTPRINT_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
     accounted_bytes: int
     active_streams: int
     admissions_declined: int
@@ -306,6 +309,8 @@ class Stats(_message.Message):
     client_stall_seconds: float
     coalesced_fetches: int
     datasets: _containers.RepeatedCompositeFieldContainer[DatasetStats]
+    footprint_bytes: int
+    footprint_limit_bytes: int
     hit_rate: float
     machine_available_bytes: int
     measured_expansion_factor: float
@@ -340,7 +345,8 @@ class Stats(_message.Message):
     shm_rings: int
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     uptime_seconds: float
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., memory_entries: _Optional[int] = ..., hit_rate: _Optional[float] = ..., client_stall_seconds: _Optional[float] = ..., batches_served: _Optional[int] = ..., samples_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., active_streams: _Optional[int] = ..., coalesced_fetches: _Optional[int] = ..., admissions_declined: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., machine_available_bytes: _Optional[int] = ..., measured_expansion_factor: _Optional[float] = ..., scratch_bytes: _Optional[int] = ..., scratch_budget_bytes: _Optional[int] = ..., scratch_corrupt_records: _Optional[int] = ..., scratch_paused: _Optional[str] = ..., planned_expansion_factor: _Optional[float] = ..., shm_rings: _Optional[int] = ..., shm_bytes: _Optional[int] = ..., shm_budget_bytes: _Optional[int] = ..., shm_batches: _Optional[int] = ..., shm_fallbacks: _Optional[int] = ..., bad_samples: _Optional[int] = ..., message_buffer_spare_bytes: _Optional[int] = ..., message_buffer_in_flight_bytes: _Optional[int] = ..., accounted_bytes: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., anonymous_bytes: _Optional[int] = ..., shared_bytes: _Optional[int] = ..., anonymous_ceiling_bytes: _Optional[int] = ..., allocator_free_bytes: _Optional[int] = ..., memory_policy: _Optional[str] = ..., memory_policy_bytes: _Optional[int] = ..., memory_policy_seconds: _Optional[float] = ..., batch_wait_bounds: _Optional[_Iterable[float]] = ..., batch_wait_counts: _Optional[_Iterable[int]] = ..., batch_wait_sum_seconds: _Optional[float] = ..., pool_busy: _Optional[float] = ..., pool_threads: _Optional[int] = ..., datasets: _Optional[_Iterable[_Union[DatasetStats, _Mapping]]] = ..., memory_configured_budget_bytes: _Optional[int] = ..., message_budget_bytes: _Optional[int] = ..., prefetched_samples: _Optional[int] = ..., prefetched_raw_bytes: _Optional[int] = ..., object_gets: _Optional[int] = ..., object_bytes: _Optional[int] = ...) -> None: ...
+    user_footprint_limit_bytes: int
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., memory_entries: _Optional[int] = ..., hit_rate: _Optional[float] = ..., client_stall_seconds: _Optional[float] = ..., batches_served: _Optional[int] = ..., samples_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., active_streams: _Optional[int] = ..., coalesced_fetches: _Optional[int] = ..., admissions_declined: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., machine_available_bytes: _Optional[int] = ..., measured_expansion_factor: _Optional[float] = ..., scratch_bytes: _Optional[int] = ..., scratch_budget_bytes: _Optional[int] = ..., scratch_corrupt_records: _Optional[int] = ..., scratch_paused: _Optional[str] = ..., planned_expansion_factor: _Optional[float] = ..., shm_rings: _Optional[int] = ..., shm_bytes: _Optional[int] = ..., shm_budget_bytes: _Optional[int] = ..., shm_batches: _Optional[int] = ..., shm_fallbacks: _Optional[int] = ..., bad_samples: _Optional[int] = ..., message_buffer_spare_bytes: _Optional[int] = ..., message_buffer_in_flight_bytes: _Optional[int] = ..., accounted_bytes: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., anonymous_bytes: _Optional[int] = ..., shared_bytes: _Optional[int] = ..., anonymous_ceiling_bytes: _Optional[int] = ..., allocator_free_bytes: _Optional[int] = ..., memory_policy: _Optional[str] = ..., memory_policy_bytes: _Optional[int] = ..., memory_policy_seconds: _Optional[float] = ..., batch_wait_bounds: _Optional[_Iterable[float]] = ..., batch_wait_counts: _Optional[_Iterable[int]] = ..., batch_wait_sum_seconds: _Optional[float] = ..., pool_busy: _Optional[float] = ..., pool_threads: _Optional[int] = ..., datasets: _Optional[_Iterable[_Union[DatasetStats, _Mapping]]] = ..., memory_configured_budget_bytes: _Optional[int] = ..., message_budget_bytes: _Optional[int] = ..., prefetched_samples: _Optional[int] = ..., prefetched_raw_bytes: _Optional[int] = ..., object_gets: _Optional[int] = ..., object_bytes: _Optional[int] = ..., footprint_bytes: _Optional[int] = ..., footprint_limit_bytes: _Optional[int] = ..., user_footprint_limit_bytes: _Optional[int] = ...) -> None: ...
 
 class StreamBatchesRequest(_message.Message):
     __slots__ = ["batch_size", "dataset", "drop_last", "epoch", "even_batches", "fields", "held_slots", "layout_version", "node", "nodes", "num_workers", "partitions", "pipeline", "rank", "resumed_nodes", "resumed_sample", "seed", "sequential", "shm_ring", "start_batch", "start_sample", "start_step", "swap", "variable_layout", "worker", "world_size"]

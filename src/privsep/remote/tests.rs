@@ -125,7 +125,15 @@ async fn opened_by(lie: Lie, path: &str, opened: protocol::Opened) -> Result<Ope
         groups: vec![],
     };
     let reader = greet(Connection::over(fake(lie, opened), Arc::default())?).await?;
-    from_reader(None, user, &c, &Limits::default(), reader).await
+    from_reader(
+        None,
+        user,
+        &c,
+        &Limits::default(),
+        reader,
+        (&Footprint::unlimited(), Payer::Config),
+    )
+    .await
 }
 
 /// The error a load of samples 0..2 from a reader that lies with `lie` ends in.
@@ -192,6 +200,45 @@ async fn access_follows_the_walk_before_parsing_or_the_object_stores_path() {
         &opened.source.files()[..],
         &[PathBuf::from("s3://data/train")]
     );
+}
+
+#[tokio::test]
+async fn an_open_over_its_owners_share_is_refused_before_its_sizes_are_read() {
+    let table = "name = \"u/x\"\npath = \"/fake\"";
+    let c = DatasetConfig::from_table(toml::from_str(table).unwrap()).unwrap();
+    let user = User {
+        uid: 1000,
+        gid: 1000,
+        groups: vec![],
+    };
+    // Sizes per sample for 2^30 samples: 4 GiB the reader asks the daemon to hold.
+    let huge = protocol::Opened {
+        len: 1 << 30,
+        sizes: Sizes::PerSample,
+        ..honest_opened()
+    };
+    let reader = greet(Connection::over(fake(Lie::Honest, huge), Arc::default()).unwrap())
+        .await
+        .unwrap();
+    let account = Footprint::new(1 << 40, 1 << 20, None);
+    let err = from_reader(
+        None,
+        user,
+        &c,
+        &Limits::default(),
+        reader,
+        (&account, Payer::User(1000)),
+    )
+    .await
+    .err()
+    .unwrap();
+    let said = format!("{err:#}");
+    assert!(
+        said.contains("the sizes of its 1073741824 samples"),
+        "{said}"
+    );
+    assert!(said.contains("limits.user_footprint_bytes"), "{said}");
+    assert_eq!(account.total(), 0, "nothing is left charged");
 }
 
 #[tokio::test]
@@ -282,7 +329,15 @@ fn with_answers(opened: Vec<u8>, load: Vec<u8>) -> Result<Opened> {
             gid: 1000,
             groups: vec![],
         };
-        from_reader(None, user, &c, &Limits::default(), reader).await
+        from_reader(
+            None,
+            user,
+            &c,
+            &Limits::default(),
+            reader,
+            (&Footprint::unlimited(), Payer::Config),
+        )
+        .await
     });
     opened
 }
