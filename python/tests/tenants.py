@@ -142,7 +142,7 @@ def epochs(path: str, seconds: float, datasets: list) -> dict:
             for name in datasets:
                 seed += 1
                 try:
-                    for _ in c.stream(name, 16, seed=seed, transport="grpc"):
+                    for _ in c.stream(name, 16, seed=seed, transport="bytes"):
                         if time.monotonic() > end:
                             break
                     done += 1
@@ -156,7 +156,7 @@ def epoch(path: str, dataset: str) -> dict:
     once; then a ring of four 1 MiB slots, granted or not."""
     with larder.Client(f"unix:{path}") as c:
         began, seen = time.monotonic(), []
-        for b in c.stream(dataset, 16, seed=7, transport="grpc"):
+        for b in c.stream(dataset, 16, seed=7, transport="bytes"):
             seen.extend(int(i) for i in b.sample_ids)
         seconds = time.monotonic() - began
     return {

@@ -263,8 +263,8 @@ pub struct ShmConfig {
     #[serde(default)]
     pub budget_bytes: Option<u64>,
     /// Bytes one user's rings may take together (a ring that would pass it is refused, and
-    /// the client falls back to batches in the message). Default: a quarter of
-    /// `budget_bytes`.
+    /// the client falls back to batches in the message). Default: a quarter of the rings'
+    /// budget (`budget_bytes`, or half the memory budget if that is less).
     #[serde(default)]
     pub user_bytes: Option<u64>,
 }
@@ -412,11 +412,6 @@ impl Config {
     /// Bytes all shared-memory rings may take together.
     pub fn shm_budget_bytes(&self, total_memory: u64) -> u64 {
         self.shm.budget_bytes.unwrap_or(total_memory / 8)
-    }
-
-    /// Bytes one user's rings may take together, of the rings' `budget`.
-    pub fn shm_user_bytes(&self, budget: u64) -> u64 {
-        self.shm.user_bytes.unwrap_or(budget / 4).min(budget)
     }
 
     /// The footprint account's limits for a memory `budget`: all charges, one user's.

@@ -382,7 +382,17 @@ pub async fn open(
     (account, payer): (&Arc<Footprint>, Payer),
 ) -> Result<Opened> {
     let reader = start(launcher, &user, found).await?;
-    from_reader(Some(launcher), user, c, limits, reader, (account, payer)).await
+    let opened = from_reader(
+        Some(launcher),
+        user,
+        c,
+        limits,
+        reader.clone(),
+        (account, payer),
+    )
+    .await;
+    // A reader whose dataset did not open is done with (its process ends).
+    opened.inspect_err(|e| reader.fail(&format!("its dataset did not open: {e:#}")))
 }
 
 /// A new reader for `user`, greeted.

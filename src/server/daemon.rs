@@ -144,10 +144,9 @@ impl Daemon {
         catalog.expect(&registry.configs());
         let keeper = tokio::spawn(datasets.clone().keep_current(shutdown.subscribe()));
         // The rings' bytes come off the memory tier's share: both stay within its budget.
-        let shm_budget = config.shm_budget_bytes(total);
         let rings = Rings::within(
-            shm_budget,
-            config.shm_user_bytes(shm_budget),
+            config.shm_budget_bytes(total),
+            config.shm.user_bytes,
             memory.clone(),
         );
         let service = Service::new(

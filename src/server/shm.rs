@@ -184,12 +184,12 @@ impl Rings {
     }
 
     /// Rings within `budget` bytes and half the memory tier's budget, each user's within
-    /// `user_budget`, whose bytes `memory` leaves room for (its limit is its budget less what
-    /// the rings take): however many rings clients open, the tier keeps at least half its
-    /// budget, and no user's rings leave another none.
-    pub fn within(budget: u64, user_budget: u64, memory: Arc<MemoryTier>) -> Arc<Rings> {
-        let half = memory.snapshot().budget / 2;
-        Rings::make(budget.min(half), user_budget, Some(memory))
+    /// `user_budget` (default: a quarter of that), whose bytes `memory` leaves room for (its
+    /// limit is its budget less what the rings take): however many rings clients open, the
+    /// tier keeps at least half its budget, and no user's rings leave another none.
+    pub fn within(budget: u64, user_budget: Option<u64>, memory: Arc<MemoryTier>) -> Arc<Rings> {
+        let budget = budget.min(memory.snapshot().budget / 2);
+        Rings::make(budget, user_budget.unwrap_or(budget / 4), Some(memory))
     }
 
     fn make(budget: u64, user_budget: u64, memory: Option<Arc<MemoryTier>>) -> Arc<Rings> {
