@@ -97,7 +97,8 @@ impl Drop for Larderd {
 async fn ring_sizes_that_overflow_are_refused_and_the_budget_holds() {
     let dir = tempfile::tempdir().unwrap();
     let budget: u64 = 1 << 20;
-    // One user (this test's) may take the whole budget here: the budget is what is tried.
+    // One user (this test's) may take the whole budget here (root or not): the budget is
+    // what is tried.
     let d = Larderd::start(
         dir.path(),
         &format!("[shm]\nbudget_bytes = {budget}\nuser_bytes = {budget}"),

@@ -93,6 +93,7 @@ def test_message_path_memory_stays_flat_under_many_batch_sizes(tmp_path):
         s = c.stats()
         assert s.accounted_bytes == (
             s.memory_bytes + s.shm_bytes + s.message_buffer_spare_bytes + s.message_buffer_in_flight_bytes
+            + s.footprint_bytes
         )
         assert s.anonymous_bytes > 0 and s.resident_bytes >= s.anonymous_bytes
         assert s.anonymous_ceiling_bytes > s.memory_budget_bytes

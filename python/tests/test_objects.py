@@ -131,8 +131,53 @@ def test_datasets_in_an_object_store_are_served_as_their_local_copies(tmp_path, 
                 # rules and seccomp filter): their objects came through the daemon's channel.
                 procs = subprocess.run(["ps", "-eo", "user=,args="], capture_output=True, text=True).stdout
                 assert any(line.split()[0] == "nobody" and "larderd" in line for line in procs.splitlines())
+                # No process but the serving daemon holds the credentials: not in its
+                # environment, not anywhere in its memory (the launcher and the readers are
+                # fresh runs of the executable, with an empty environment).
+                secret = s3_env.env()["AWS_SECRET_ACCESS_KEY"].encode()
+                assert secret in open(f"/proc/{d.proc.pid}/environ", "rb").read(), "the daemon has them"
+                assert memory_holds(d.proc.pid, secret), "the scan finds them where they are"
+                children = daemon_children(d.proc.pid)
+                assert len(children) >= 2, children  # the launcher and the readers
+                for pid in children:
+                    assert open(f"/proc/{pid}/environ", "rb").read() == b"", pid
+                    assert not memory_holds(pid, secret), f"process {pid} holds the S3 secret"
     finally:
         d.stop()
+
+
+def daemon_children(pid: int) -> list:
+    """The processes under larderd `pid`: the launcher, and its children."""
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for p in os.listdir("/proc"):
+            if p.isdigit():
+                try:
+                    ppid = int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                if ppid == parent:
+                    out.append(int(p))
+                    todo.append(int(p))
+    return out
+
+
+def memory_holds(pid: int, needle: bytes) -> bool:
+    """Whether `needle` is anywhere in the readable memory of process `pid` (as root)."""
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        for line in maps:
+            fields = line.split()
+            if not fields[1].startswith("r") or fields[-1] in ("[vvar]", "[vsyscall]", "[vvar_vclock]"):
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            try:
+                mem.seek(start)
+                if needle in mem.read(end - start):
+                    return True
+            except (OSError, OverflowError, ValueError):
+                continue
+    return False
 
 
 def test_an_object_replaced_after_listing_is_never_served_as_what_it_held(tmp_path, s3_env):

@@ -116,7 +116,9 @@ impl RingBytes {
     ) -> Result<(), Option<u64>> {
         let mut by_user = self.by_user.lock().unwrap_or_else(|e| e.into_inner());
         let theirs = by_user.get(&uid).copied().unwrap_or(0);
-        if theirs.checked_add(size).is_none_or(|n| n > user_budget) {
+        // Root and the daemon's own user are the admin: the budget alone holds for them.
+        let admin = crate::footprint::Payer::of_uid(Some(uid)) == crate::footprint::Payer::Config;
+        if !admin && theirs.checked_add(size).is_none_or(|n| n > user_budget) {
             return Err(Some(theirs));
         }
         self.reserve(size, budget).map_err(|_| None)?;
@@ -183,8 +185,9 @@ impl Rings {
         Rings::make(budget, budget, None)
     }
 
-    /// Rings within `budget` bytes and half the memory tier's budget, each user's within
-    /// `user_budget` (default: a quarter of that), whose bytes `memory` leaves room for (its
+    /// Rings within `budget` bytes and half the memory tier's budget, each user's (but root's
+    /// and the daemon's own) within `user_budget` (default: a quarter of that), whose bytes
+    /// `memory` leaves room for (its
     /// limit is its budget less what the rings take): however many rings clients open, the
     /// tier keeps at least half its budget, and no user's rings leave another none.
     pub fn within(budget: u64, user_budget: Option<u64>, memory: Arc<MemoryTier>) -> Arc<Rings> {
