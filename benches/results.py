@@ -371,7 +371,17 @@ def plot_objects(data, ax):
     return "Cold epochs from an object store against the same data on local disk"
 
 
+def plot_tenancy(data, ax):
+    rows = data["rows"]
+    _bars(ax, [r["condition"].replace(", ", ",\n") for r in rows],
+          {"alice's cold epoch, against bob idle": [r["vs_idle"] for r in rows]})
+    ax.axhline(1.5, color="grey", linestyle="--", label="1.5x")
+    ax.set_ylabel("alice's cold epoch / with bob idle (median of rounds)")
+    return "What one user's attacks cost another's cold epoch (readers as their owners)"
+
+
 PLOTS = {
+    "tenancy": plot_tenancy,
     "budget": plot_budget,
     "objects": plot_objects,
     "delivery": plot_delivery,

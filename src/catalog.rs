@@ -202,12 +202,16 @@ impl Dataset {
     /// read.
     pub fn load_range(&self, start: u64, count: u64) -> Result<crate::source::Loaded> {
         let raw = self.source.read_range(start, count)?;
-        let bytes = raw.iter().map(crate::fields::raw_bytes).sum();
+        let raw_bytes = raw.iter().map(crate::fields::raw_bytes).sum();
         let records = (start..)
             .zip(raw)
             .map(|(i, r)| self.prepare(i, r))
             .collect();
-        Ok((records, bytes))
+        Ok(crate::source::Loaded {
+            records,
+            raw_bytes,
+            held: vec![],
+        })
     }
 
     /// Sample `index` from raw storage, prepared, with the raw bytes read (blocking, as
@@ -232,13 +236,13 @@ impl Dataset {
             .source
             .prepared()
             .context("a dataset read in the daemon awaited as one a reader prepares")?;
-        let (records, bytes) = p.load(start, count).await?;
+        let mut loaded = p.load(start, count).await?;
         let name = &self.name;
-        let records = records
+        loaded.records = std::mem::take(&mut loaded.records)
             .into_iter()
             .map(|r| r.with_context(|| format!("dataset {name:?}")))
             .collect();
-        Ok((records, bytes))
+        Ok(loaded)
     }
 
     /// Whether a sample that failed with `e` is skipped (else the stream fails): under

@@ -23,8 +23,10 @@ use std::sync::{Arc, Mutex};
 pub enum Payer {
     /// A local user, by uid.
     User(u32),
-    /// The config's own datasets (and anonymous TCP streams of them).
+    /// The config's own datasets.
     Config,
+    /// Clients over TCP (anonymous: one share for them all).
+    Tcp,
 }
 
 impl Payer {
@@ -44,6 +46,7 @@ impl Payer {
                 None => format!("uid {uid}"),
             },
             Payer::Config => "the config's datasets".to_string(),
+            Payer::Tcp => "clients over TCP".to_string(),
         }
     }
 }
@@ -133,8 +136,8 @@ impl Footprint {
     pub fn charge(self: &Arc<Self>, payer: Payer, bytes: u64, what: &str) -> Result<Charge, Error> {
         let mut state = self.lock();
         let mine = state.by_payer.get(&payer).copied().unwrap_or(0);
-        let over_share = matches!(payer, Payer::User(_))
-            && mine.checked_add(bytes).is_none_or(|n| n > self.user_limit);
+        let over_share =
+            payer != Payer::Config && mine.checked_add(bytes).is_none_or(|n| n > self.user_limit);
         if over_share {
             return Err(Error::new(
                 Kind::Exhausted,
@@ -167,9 +170,9 @@ impl Footprint {
         }
         state.total += bytes;
         *state.by_payer.entry(payer).or_default() += bytes;
-        let total = state.total;
+        // Told under the lock: two changes reach the tier in the order they were made.
+        self.tell(state.total);
         drop(state);
-        self.tell(total);
         Ok(Charge {
             account: self.clone(),
             payer,
@@ -186,9 +189,7 @@ impl Footprint {
                 state.by_payer.remove(&payer);
             }
         }
-        let total = state.total;
-        drop(state);
-        self.tell(total);
+        self.tell(state.total);
     }
 
     fn tell(&self, total: u64) {

@@ -28,11 +28,12 @@ type Fetch = Shared<BoxFuture<'static, Result<Option<(Bytes, Tier)>, Arc<anyhow:
 /// the raw bytes read, or why none could be had (the reader failed).
 type GranuleFetch = Shared<BoxFuture<'static, Result<Arc<Granule>, Arc<anyhow::Error>>>>;
 
-/// A granule's records as a reader prepared them.
+/// A granule's records as a reader prepared them, charged to its owner while held.
 struct Granule {
     start: u64,
     records: Vec<Result<Bytes, Arc<anyhow::Error>>>,
     raw_bytes: u64,
+    _held: Vec<crate::footprint::Charge>,
 }
 
 pub struct Store {
@@ -50,9 +51,10 @@ pub struct Store {
     /// others that need it wait, then find their samples in the scratch tier (a dataset read
     /// in this process).
     granule_locks: Arc<[Mutex<()>]>,
-    /// The granules of datasets readers prepare being read now, by (dataset, first sample):
+    /// The granules of datasets readers prepare being read now, by (dataset, first sample,
+    /// samples):
     /// every sample of one is awaited from that one request (no lock held across the wait).
-    granules: Mutex<HashMap<(u32, u64), GranuleFetch>>,
+    granules: Mutex<HashMap<(u32, u64, u64), GranuleFetch>>,
     /// Every lookup, when a benchmark asked for it (`LARDER_TRACE`).
     trace: std::sync::OnceLock<Trace>,
     /// The next epochs of nodes' parts being read ahead, or read (`prefetch_next_epoch`).
@@ -384,7 +386,7 @@ impl Store {
         start: u64,
         count: u64,
     ) -> (GranuleFetch, bool) {
-        let key = (ds.id, start);
+        let key = (ds.id, start, count);
         let mut granules = self.granules.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(f) = granules.get(&key) {
             return (f.clone(), false);
@@ -393,15 +395,17 @@ impl Store {
         let read = async move {
             let loaded = ds.load_prepared(start, count).await;
             let granule = match loaded {
-                Ok((records, raw_bytes)) => {
-                    let records: Vec<Result<Bytes, Arc<anyhow::Error>>> = records
+                Ok(loaded) => {
+                    let records: Vec<Result<Bytes, Arc<anyhow::Error>>> = loaded
+                        .records
                         .into_iter()
                         .map(|r| r.map(Bytes::from).map_err(Arc::new))
                         .collect();
                     let granule = Arc::new(Granule {
                         start,
                         records,
-                        raw_bytes,
+                        raw_bytes: loaded.raw_bytes,
+                        _held: loaded.held,
                     });
                     if let Some(scratch) = scratch {
                         let g = granule.clone();
@@ -426,7 +430,7 @@ impl Store {
                 .granules
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .remove(&(ds.id, start));
+                .remove(&(ds.id, start, count));
             granule
         };
         // Its own task: it finishes (and fills the scratch tier) even if every waiter goes.
@@ -507,14 +511,19 @@ impl Store {
         if missing.is_empty() {
             return Ok(Chunk::present(count));
         }
-        let (records, raw_bytes) = ds.load_prepared(start, count).await?;
+        let loaded = ds.load_prepared(start, count).await?;
+        let raw_bytes = loaded.raw_bytes;
         let prepared = (start..)
-            .zip(records)
+            .zip(loaded.records)
             .filter(|(i, _)| missing.binary_search(i).is_ok())
             .collect();
+        // What holding the records is charged lasts until they are placed.
+        let held = loaded.held;
         self.workers
             .run_for(tenant(&ds), move || {
-                place(&ds, &scratch, &memory, count, prepared, raw_bytes)
+                let placed = place(&ds, &scratch, &memory, count, prepared, raw_bytes);
+                drop(held);
+                placed
             })
             .await?
     }
@@ -715,10 +724,10 @@ fn warm_chunk(
         .flatten();
     let mut raw_bytes = 0;
     let prepared: Vec<(u64, Result<Vec<u8>>)> = match range {
-        Some((all, bytes)) => {
-            raw_bytes = bytes;
+        Some(loaded) => {
+            raw_bytes = loaded.raw_bytes;
             (start..start + count)
-                .zip(all)
+                .zip(loaded.records)
                 .filter(|(i, _)| missing.binary_search(i).is_ok())
                 .collect()
         }
@@ -832,7 +841,7 @@ fn load_granule(ds: &Dataset, scratch: &ScratchTier, index: u64) -> Result<(Vec<
     let start = index / granule * granule;
     let count = granule.min(ds.len() - start);
     let (mut records, raw_bytes) = match ds.load_range(start, count) {
-        Ok(loaded) => loaded,
+        Ok(loaded) => (loaded.records, loaded.raw_bytes),
         // A reader that failed fails the stream; any other range that does not read: this
         // sample alone (its own error, if it is one).
         Err(e) if Error::kind_of(&e) == Kind::Reader => return Err(e),

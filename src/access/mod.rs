@@ -178,20 +178,22 @@ fn proof_key(who: &Identity, id: u32) -> ProofKey {
 impl Proofs {
     /// Whether `who` passed the check for dataset `id`, whose root is `root`, less than
     /// PROOF_TTL ago and with the root's ctime as it is now.
-    pub fn fresh(&self, who: &Caller, id: u32, root: &Path) -> bool {
+    pub fn fresh(&self, who: &Caller, id: u32, root: Option<&Path>) -> bool {
         let Caller::Local(who) = who else {
             return false;
         };
+        let now = root.and_then(ctime_of);
         let proofs = self.0.lock().unwrap_or_else(|e| e.into_inner());
         proofs
             .get(&proof_key(who, id))
-            .is_some_and(|(at, ctime)| at.elapsed() < PROOF_TTL && *ctime == ctime_of(root))
+            .is_some_and(|(at, ctime)| at.elapsed() < PROOF_TTL && *ctime == now)
     }
 
-    /// Notes that `who` passed the check for dataset `id`, whose root is `root`, now.
-    pub fn record(&self, who: &Caller, id: u32, root: &Path) {
+    /// Notes that `who` passed the check for dataset `id`, whose root is `root` (None: a root
+    /// the daemon does not look at, a user's own; the proof then stands its time alone), now.
+    pub fn record(&self, who: &Caller, id: u32, root: Option<&Path>) {
         if let Caller::Local(who) = who {
-            let ctime = ctime_of(root);
+            let ctime = root.and_then(ctime_of);
             let mut proofs = self.0.lock().unwrap_or_else(|e| e.into_inner());
             proofs.retain(|_, (at, _)| at.elapsed() < PROOF_TTL);
             proofs.insert(proof_key(who, id), (Instant::now(), ctime));
@@ -302,10 +304,44 @@ pub fn decide(guard: &Guard, who: &Caller) -> Option<Result<(), String>> {
     None
 }
 
+/// The files a user must be able to read to have a dataset.
+#[derive(Clone, Debug)]
+pub enum Files {
+    /// As a list (a dataset the daemon opened, or an object store's location).
+    List(Arc<[PathBuf]>),
+    /// As a sealed memfd of NUL-ended paths: a reader's walk, kept as it came (the daemon
+    /// never makes a list of it) and handed to each check as it is.
+    Sealed(Arc<std::os::fd::OwnedFd>),
+}
+
+impl Files {
+    /// The list, read from the memfd if it is one.
+    pub fn to_list(&self) -> Result<Arc<[PathBuf]>, String> {
+        match self {
+            Files::List(l) => Ok(l.clone()),
+            Files::Sealed(fd) => {
+                use std::os::unix::fs::FileExt;
+                let file = std::fs::File::from(
+                    fd.try_clone()
+                        .map_err(|e| format!("reading a dataset's file list: {e}"))?,
+                );
+                let len = file.metadata().map_err(|e| e.to_string())?.len();
+                let mut bytes = vec![0u8; len as usize];
+                file.read_exact_at(&mut bytes, 0)
+                    .map_err(|e| format!("reading a dataset's file list: {e}"))?;
+                Ok(bytes
+                    .split(|&b| b == 0)
+                    .filter(|p| !p.is_empty())
+                    .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p)))
+                    .collect())
+            }
+        }
+    }
+}
+
 /// Checks files as a user in a process of its own (the launcher's): None when they may read
 /// them all, Some(why) when not; Err when the check could not run.
-pub type Checker =
-    Box<dyn Fn(&Identity, &[PathBuf]) -> Result<Option<String>, String> + Send + Sync>;
+pub type Checker = Box<dyn Fn(&Identity, &Files) -> Result<Option<String>, String> + Send + Sync>;
 
 static CHECKER: std::sync::OnceLock<Checker> = std::sync::OnceLock::new();
 
@@ -317,14 +353,18 @@ pub fn set_checker(checker: Checker) {
 /// Whether `who` may have a dataset guarded by `guard` whose raw files are `files` (checked
 /// as the caller: in a process switched to them when the launcher runs, else on a thread of
 /// its own; call from a blocking context). Err says why not.
-pub fn check(guard: &Guard, who: &Caller, files: &Arc<[PathBuf]>) -> Result<(), String> {
+pub fn check(guard: &Guard, who: &Caller, files: &Files) -> Result<(), String> {
     if let Some(decided) = decide(guard, who) {
         return decided;
     }
     let Caller::Local(id) = who else {
         unreachable!("decide answers for TCP callers")
     };
-    if let Some(url) = files.iter().find(|f| crate::objects::is_url(f)) {
+    let url = match files {
+        Files::List(l) => l.iter().find(|f| crate::objects::is_url(f)),
+        Files::Sealed(_) => None,
+    };
+    if let Some(url) = url {
         // No user's rights reach an object store: the daemon reads it with its credentials.
         return Err(format!(
             "{} is in an object store, read with the daemon's credentials: only the users \
@@ -339,7 +379,7 @@ pub fn check(guard: &Guard, who: &Caller, files: &Arc<[PathBuf]>) -> Result<(), 
             Err(e) => Err(format!("the access check as uid {} failed: {e}", id.uid)),
         };
     }
-    let (id, files) = (id.clone(), files.clone());
+    let (id, files) = (id.clone(), files.to_list()?);
     let outcome = std::thread::spawn(move || as_user(&id, || first_unreadable(&files)))
         .join()
         .map_err(|_| "the access check failed".to_string())?;
@@ -557,7 +597,7 @@ mod tests {
             allow: vec![Grant::All],
             tcp: false,
         };
-        let none: Arc<[PathBuf]> = Arc::from(vec![]);
+        let none = Files::List(Arc::from(vec![]));
         assert!(check(&open, &Caller::Tcp, &none).is_ok());
         assert!(check(&closed, &Caller::Tcp, &none).is_err());
     }
@@ -576,7 +616,7 @@ mod tests {
             allow: vec![],
             tcp: false,
         };
-        assert!(check(&guard, &me, &Arc::from(vec![file.clone()])).is_ok());
+        assert!(check(&guard, &me, &Files::List(Arc::from(vec![file.clone()]))).is_ok());
         // Checked as a thread of this process would read it.
         let missing = dir.path().join("missing");
         let (p, e) = first_unreadable(&[file, missing.clone()]).unwrap();
@@ -586,7 +626,7 @@ mod tests {
 
     #[test]
     fn an_object_stores_dataset_is_read_by_those_allow_grants_alone() {
-        let url: Arc<[PathBuf]> = Arc::from(vec![PathBuf::from("s3://data/train")]);
+        let url = Files::List(Arc::from(vec![PathBuf::from("s3://data/train")]));
         let someone = Caller::Local(Arc::new(Identity {
             uid: 54321,
             gid: 54321,

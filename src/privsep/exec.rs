@@ -65,9 +65,21 @@ pub fn own_executable() -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// In a child just forked: makes `sock` its descriptor CHILD_FD, closes every other but stdio,
-/// and executes `exe` with `argv` and no environment. Returns only why it could not.
-pub fn exec(exe: &OwnedFd, sock: &OwnedFd, argv: &[CString]) -> anyhow::Error {
+/// In a child just forked: makes `sock` its descriptor CHILD_FD, closes every other (stdio
+/// too, with `quiet`: then /dev/null, so a child taken over writes nothing into the daemon's
+/// log), and executes `exe` with `argv` and no environment. Returns only why it could not.
+pub fn exec(exe: &OwnedFd, sock: &OwnedFd, argv: &[CString], quiet: bool) -> anyhow::Error {
+    if quiet {
+        // SAFETY: open a NUL-terminated path; dup2 onto the standard descriptors.
+        unsafe {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+            if null >= 0 {
+                for std_fd in 0..3 {
+                    libc::dup2(null, std_fd);
+                }
+            }
+        }
+    }
     // The executable's descriptor out of the socket's way (a close-on-exec copy above it).
     let mut exe_fd = exe.as_raw_fd();
     if exe_fd == CHILD_FD {
@@ -122,7 +134,7 @@ pub fn close_all_but(keep: &[RawFd]) {
             let rc = unsafe { libc::syscall(libc::SYS_close_range, from, to, 0) };
             if rc != 0 {
                 // Kernels before 5.9: one by one, as far as the descriptor limit goes.
-                for fd in from..to.min(1 << 20) {
+                for fd in from..=to.min(1 << 20) {
                     // SAFETY: closing a descriptor number this process may not even hold.
                     unsafe { libc::close(fd as RawFd) };
                 }

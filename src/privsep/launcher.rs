@@ -9,7 +9,9 @@
 //! upgrade runs the daemon's code, not the new one) with an empty environment and one
 //! descriptor: its socket, whose other end goes back to the daemon. The daemon then speaks to
 //! the child itself, and waits for it on its own time: the launcher waits for no child, so no
-//! user's child (stopped, or on a hung file system) holds anyone else's up. Children are:
+//! user's child (stopped, or on a hung file system) holds anyone else's up. Each child's parent
+//! is a nanny of its own (no capability), which ends when the daemon lets go of the child's
+//! lifeline, and the kernel then kills the child, stopped or not. Children are:
 //!
 //! - **a reader** for a dataset (see `reader`);
 //! - **an access check**: may this user read these files (the kernel's answer, `faccessat2`)?
@@ -23,7 +25,6 @@ use super::exec::{Role, CHILD_WITHIN};
 use super::wire::{self, kinds, Reader, Writer};
 use anyhow::{bail, ensure, Result};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::path::PathBuf;
 use std::sync::Mutex;
 
 kinds! {
@@ -82,7 +83,8 @@ impl Launcher {
     /// exists: the child runs on in a copy of this process until its exec.
     pub fn start(exe: &OwnedFd) -> Result<Launcher> {
         let (ours, theirs) = wire::pair()?;
-        // Made before the fork: the child allocates nothing between fork and exec.
+        // Made before the fork (the process is single-threaded: the child may allocate, but
+        // no lock another thread held is left locked in it).
         let argv = super::exec::argv(Role::Launcher);
         // SAFETY: the process is single-threaded here (the caller's promise); the child only
         // sets up its descriptors and capabilities and executes.
@@ -92,7 +94,7 @@ impl Launcher {
                 // SAFETY: prctl with integer arguments.
                 unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
                 let why = match super::caps::raise_user_switching_ambient() {
-                    Ok(()) => super::exec::exec(exe, &theirs, &argv),
+                    Ok(()) => super::exec::exec(exe, &theirs, &argv, false),
                     Err(e) => e,
                 };
                 eprintln!("larder: the launcher does not start: {why:#?}");
@@ -106,9 +108,10 @@ impl Launcher {
         }
     }
 
-    /// A new child of `role` running as `user`: the daemon's end of its socket. Quick (a
-    /// fork in the launcher): the launcher waits for nothing else.
-    pub fn spawn(&self, role: Role, user: &User) -> Result<OwnedFd> {
+    /// A new child of `role` running as `user`. Quick (two forks in the launcher's children):
+    /// the launcher waits for nothing else. An error of the launcher's own (a failed fork, a
+    /// descriptor table full) is this request's; a launcher gone or out of turn ends the daemon.
+    pub fn spawn(&self, role: Role, user: &User) -> Result<Child> {
         let mut w = Writer::default();
         w.u8(role as u8);
         user.write(&mut w);
@@ -117,6 +120,9 @@ impl Launcher {
         wire::send(sock.as_raw_fd(), Request::Spawn.into(), id, &w.0, &[])?;
         let mut answer = match wire::recv(sock.as_raw_fd()) {
             Ok(Some(answer)) if answer.id == id => answer,
+            // The answer came, but not whole (the daemon's descriptors ran out): this child is
+            // not had, and the next request is answered in turn.
+            Err(e) => bail!("starting a {role:?}: {e:#}"),
             // The launcher gone, or an answer to another request: the daemon cannot vouch for
             // any check from here on; it ends, and its service manager starts it again.
             other => {
@@ -132,36 +138,63 @@ impl Launcher {
             bail!("{}", answer.failure());
         }
         ensure!(
-            answer.kind == u8::from(Request::Spawn) && answer.fds.len() == 1,
+            answer.kind == u8::from(Request::Spawn) && answer.fds.len() == 2,
             "the launcher answered {}",
             answer.kind
         );
-        Ok(answer.fds.remove(0))
+        let lifeline = answer.fds.pop().expect("two");
+        let sock = answer.fds.pop().expect("two");
+        Ok(Child { sock, lifeline })
     }
 
-    /// A new reader process running as `user`: the daemon's end of its socket.
-    pub fn spawn_reader(&self, user: &User) -> Result<OwnedFd> {
+    /// A new reader process running as `user`.
+    pub fn spawn_reader(&self, user: &User) -> Result<Child> {
         self.spawn(Role::Reader, user)
     }
 
     /// The kind of source `path` is, looked at as `user` (blocking, at most CHILD_WITHIN).
     pub fn recognize(&self, user: &User, path: &std::path::Path) -> Result<String> {
         use std::os::unix::ffi::OsStrExt;
-        let sock = self.spawn(Role::Recognize, user)?;
+        let child = self.spawn(Role::Recognize, user)?;
         let mut w = Writer::default();
         w.bytes(path.as_os_str().as_bytes());
-        let found = ask_child(&sock, &w.0, &[], "recognition of a path", user.uid)?;
+        let found = ask_child(&child.sock, &w.0, &[], "recognition of a path", user.uid)?;
         found.map_err(|why| anyhow::anyhow!("{why}"))
     }
 
     /// Whether `user` may read every one of `files` (blocking, at most CHILD_WITHIN): None if
     /// so, else the first that they may not, with why.
-    pub fn check(&self, user: &User, files: &[PathBuf]) -> Result<Option<String>> {
-        let memfd = wire::sealed_memfd("larder-check", &wire::path_list(files))?;
-        let sock = self.spawn(Role::Check, user)?;
-        let found = ask_child(&sock, &[], &[memfd.as_raw_fd()], "access check", user.uid)?;
+    pub fn check(&self, user: &User, files: &crate::access::Files) -> Result<Option<String>> {
+        use crate::access::Files;
+        // A list made into a memfd here; a reader's walk handed on as it came.
+        let made;
+        let memfd = match files {
+            Files::List(list) => {
+                made = wire::sealed_memfd("larder-check", &wire::path_list(list.iter()))?;
+                &made
+            }
+            Files::Sealed(fd) => fd.as_ref(),
+        };
+        let child = self.spawn(Role::Check, user)?;
+        let found = ask_child(
+            &child.sock,
+            &[],
+            &[memfd.as_raw_fd()],
+            "access check",
+            user.uid,
+        )?;
         Ok(found.err())
     }
+}
+
+/// A child of the launcher's as the daemon holds it: its socket, and its lifeline. The child's
+/// parent is a nanny (a process of the launcher's, with no capability) that waits on the
+/// lifeline's other end and ends when it closes: the kernel then kills the child
+/// (PR_SET_PDEATHSIG), whatever it is doing, stopped by its user included. Dropping the
+/// `Child` (or its lifeline) ends the child.
+pub struct Child {
+    pub sock: OwnedFd,
+    pub lifeline: OwnedFd,
 }
 
 /// Sends a short-lived child its one request and waits for its answer, at most CHILD_WITHIN
@@ -238,7 +271,13 @@ pub fn serve(sock: OwnedFd) -> ! {
             Err(e) => Err(e),
         };
         let sent = match answer {
-            Ok(child) => wire::send(fd, message.kind, message.id, &[], &[child.as_raw_fd()]),
+            Ok((sock, lifeline)) => wire::send(
+                fd,
+                message.kind,
+                message.id,
+                &[],
+                &[sock.as_raw_fd(), lifeline.as_raw_fd()],
+            ),
             Err(e) => wire::send(
                 fd,
                 wire::FAILED,
@@ -254,9 +293,9 @@ pub fn serve(sock: OwnedFd) -> ! {
     }
 }
 
-/// Forks a child as the request's user, of the request's role; returns the daemon's end of
-/// its socket.
-fn spawn(m: &wire::Message, exe: &OwnedFd, own_group: u32) -> Result<OwnedFd> {
+/// Starts a child as the request's user, of the request's role, under a nanny of its own;
+/// returns the daemon's ends of the child's socket and of its lifeline.
+fn spawn(m: &wire::Message, exe: &OwnedFd, own_group: u32) -> Result<(OwnedFd, OwnedFd)> {
     let mut r = Reader::new(&m.payload);
     let role = Role::try_from(r.u8()?)?;
     ensure!(role != Role::Launcher, "a second launcher");
@@ -264,24 +303,78 @@ fn spawn(m: &wire::Message, exe: &OwnedFd, own_group: u32) -> Result<OwnedFd> {
     r.end()?;
     let user = without_privileged_groups(user, own_group)?;
     let (daemon_end, child_end) = wire::pair()?;
+    let (lifeline, held) = wire::pair()?;
     let argv = super::exec::argv(role);
     // SAFETY: the launcher is single-threaded.
     match unsafe { libc::fork() } {
         -1 => bail!("fork: {}", std::io::Error::last_os_error()),
         0 => {
             drop(daemon_end);
-            let why = match become_user(&user) {
-                Ok(()) => super::exec::exec(exe, &child_end, &argv),
+            drop(lifeline);
+            nanny(&user, exe, child_end, held, &argv, role)
+        }
+        _ => Ok((daemon_end, lifeline)),
+    }
+}
+
+/// The nanny of one child: forks it (it becomes the user and executes `exe`), then drops every
+/// capability and waits until the daemon closes the lifeline (`held`'s other end), or dies,
+/// and ends, and with it the child (its parent-death signal is SIGKILL, which the kernel sends
+/// as from the nanny: hence the nanny's effective uid is the child's).
+fn nanny(
+    user: &User,
+    exe: &OwnedFd,
+    child_end: OwnedFd,
+    held: OwnedFd,
+    argv: &[std::ffi::CString],
+    role: Role,
+) -> ! {
+    let end = |code| -> ! {
+        // SAFETY: ends the nanny without the launcher's exit handlers.
+        unsafe { libc::_exit(code) }
+    };
+    let launcher = std::os::unix::process::parent_id();
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    if std::os::unix::process::parent_id() != launcher {
+        end(0);
+    }
+    // SAFETY: the nanny is single-threaded.
+    match unsafe { libc::fork() } {
+        -1 => end(1),
+        0 => {
+            drop(held);
+            let why = match become_user(user) {
+                Ok(()) => super::exec::exec(exe, &child_end, argv, true),
                 Err(e) => e,
             };
             eprintln!(
                 "larder: a {role:?} as uid {} does not start: {why:#?}",
                 user.uid
             );
-            // SAFETY: ends the child without the launcher's exit handlers.
-            unsafe { libc::_exit(1) }
+            end(1)
         }
-        _ => Ok(daemon_end),
+        _ => {}
+    }
+    drop(child_end);
+    // The nanny acts as the user (effective uid) to be allowed to kill the child when it
+    // ends (the parent-death signal is checked as from it), and stays the launcher's user
+    // (real and saved uid) so that the user cannot signal it (stop it, and so keep the child).
+    // SAFETY: plain system calls on this single-threaded process.
+    let own = unsafe { libc::getuid() };
+    if unsafe { libc::setresuid(own, user.uid, own) } != 0 || super::caps::drop_all().is_err() {
+        end(1);
+    }
+    super::exec::close_all_but(&[held.as_raw_fd()]);
+    let mut byte = [0u8; 1];
+    loop {
+        // SAFETY: reads into `byte`.
+        let n = unsafe { libc::read(held.as_raw_fd(), byte.as_mut_ptr().cast(), 1) };
+        if n == 0
+            || (n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted)
+        {
+            end(0);
+        }
     }
 }
 

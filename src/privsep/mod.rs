@@ -3,9 +3,11 @@
 //!
 //! - **larderd** (serving): tiers, streams, rings, gRPC; once started it holds no capability
 //!   (CapEff 0) and parses no file of a user's dataset. It checks everything a reader hands it.
-//! - **the launcher** (`launcher`): forked from larderd before it starts a thread, the only
-//!   process that keeps CAP_SETUID and CAP_SETGID; it parses no data, and only starts readers
-//!   and access checks, each in a child switched wholly to a user (never root).
+//! - **the launcher** (`launcher`): larderd's own executable run again (`exec`, `child`) with an
+//!   empty environment before the daemon starts a thread, the only process that keeps
+//!   CAP_SETUID and CAP_SETGID; it parses no data, and only starts readers, access checks and
+//!   recognitions, each a fresh run of the same executable switched wholly to a user (never
+//!   root).
 //! - **readers** (`reader`): one per dataset a user added, running as that user, no
 //!   capability, NO_NEW_PRIVS, a seccomp filter and Landlock rules (`sandbox`); they open the files with the user's own rights, read and decode
 //!   them, and hand the records back in sealed memfds over a socket (`wire`). The daemon's

@@ -32,8 +32,13 @@ pub const ALIVE_EVERY: Duration = Duration::from_millis(500);
 /// is taken for stuck (stopped, or wedged in a system call).
 pub const SILENT_WITHIN: Duration = Duration::from_secs(4);
 
-/// The most samples one `Load` asks for.
+/// The most samples one `Load` asks for, and so the largest granule a reader's dataset may
+/// have.
 pub const MOST_LOAD_SAMPLES: u64 = 1 << 16;
+
+/// The most bytes of a walk (NUL-ended paths), wherever it goes: to a reader started again, to
+/// an access check.
+pub const MOST_WALK_BYTES: u64 = 16 << 30;
 
 kinds! {
     /// The kinds of message on a reader's socket.
@@ -59,6 +64,19 @@ kinds! {
         /// Reader: the answer to `Check`.
         Checked = 10,
     }
+}
+
+/// The most bytes of a text a reader sends (why a sample is bad, what a dataset is): longer
+/// ones are cut there.
+pub const MOST_TEXT_BYTES: usize = 1024;
+
+/// `text`, cut to at most MOST_TEXT_BYTES (at a character's boundary).
+fn short(text: &str) -> String {
+    let mut end = text.len().min(MOST_TEXT_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
 }
 
 /// `Hello`'s payload.
@@ -103,11 +121,18 @@ impl Open {
 
     pub fn read(payload: &[u8]) -> Result<Open> {
         let mut r = Reader::new(payload);
+        let flag = |r: &mut Reader| -> Result<bool> {
+            match r.u8()? {
+                0 => Ok(false),
+                1 => Ok(true),
+                k => bail!("a flag of {k}"),
+            }
+        };
         let open = Open {
             table: r.str()?.to_string(),
             limits: r.str()?.to_string(),
-            walk: r.u8()? == 1,
-            objects: r.u8()? == 1,
+            walk: flag(&mut r)?,
+            objects: flag(&mut r)?,
         };
         r.end()?;
         Ok(open)
@@ -159,14 +184,14 @@ impl Opened {
     pub fn read(payload: &[u8]) -> Result<Opened> {
         let mut r = Reader::new(payload);
         let opened = Opened {
-            kind: r.str()?.to_string(),
+            kind: short(r.str()?),
             len: r.u64()?,
             granule: r.u64()?,
             disk_bytes: r.u64()?,
-            describe: r.str()?.to_string(),
-            version: r.str()?.to_string(),
-            root: PathBuf::from(r.str()?),
-            preprocess: r.str()?.to_string(),
+            describe: short(r.str()?),
+            version: short(r.str()?),
+            root: PathBuf::from(short(r.str()?)),
+            preprocess: short(r.str()?),
             schema: read_schema(&mut r)?,
             sizes: match r.u8()? {
                 0 => Sizes::Each(r.u64()?),
@@ -265,8 +290,8 @@ pub fn read_samples<'a>(payload: &'a [u8]) -> Result<(Vec<(u64, Outcome)>, Reade
                 at: r.u64()?,
                 len: r.u64()?,
             },
-            1 => Outcome::Bad(r.str()?.to_string()),
-            2 => Outcome::Changed(r.str()?.to_string()),
+            1 => Outcome::Bad(short(r.str()?)),
+            2 => Outcome::Changed(short(r.str()?)),
             k => bail!("a sample outcome {k}"),
         };
         out.push((i, o));
@@ -315,8 +340,9 @@ pub fn checked(changed: Option<&str>) -> Vec<u8> {
 pub fn read_checked(payload: &[u8]) -> Result<Option<String>> {
     let mut r = Reader::new(payload);
     let changed = match r.u8()? {
-        1 => Some(r.str()?.to_string()),
-        _ => None,
+        0 => None,
+        1 => Some(short(r.str()?)),
+        k => bail!("a check's answer of form {k}"),
     };
     r.end()?;
     Ok(changed)

@@ -147,7 +147,7 @@ fn open_dataset(fd: RawFd, m: &wire::Message, found: &Arc<AtomicU64>) -> Result<
     let walk = match request.walk {
         true => {
             let list = fds.next().context("no walk beside the request")?;
-            wire::paths_of(&wire::read_sealed(list, 1 << 34)?)
+            wire::paths_of(&wire::read_sealed(list, protocol::MOST_WALK_BYTES)?)
         }
         false => {
             let mut said = Instant::now();

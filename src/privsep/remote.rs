@@ -43,12 +43,20 @@ const MOST_ANSWER_BYTES: u64 = 256 << 20;
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MOST_BACKOFF: Duration = Duration::from_secs(30);
 
+/// Answers to one request received ahead of its waiter.
+const ANSWERS_QUEUED: usize = 16;
+/// The most `Alive`s a second a reader may send, and answers to requests no one waits for any
+/// more (given up on) it may send in all: past either it is flooding, and is failed.
+const MOST_ALIVE_A_SECOND: u32 = 20;
+const MOST_UNWANTED: u32 = 1024;
+
 /// Readers that failed, since the daemon started.
 pub static READER_FAILURES: AtomicU64 = AtomicU64::new(0);
 
-/// A request waiting for its answers: where they go, and how long it may go without one.
+/// A request waiting for its answers: where they go (a few at a time: a reader whose answers
+/// are not taken yet waits), and how long it may go without one.
 struct Waiter {
-    tx: mpsc::UnboundedSender<wire::Message>,
+    tx: mpsc::Sender<wire::Message>,
     /// When it was sent or last answered.
     since: Instant,
     within: Duration,
@@ -65,6 +73,9 @@ struct Connection {
     found: Arc<AtomicU64>,
     /// Why it no longer serves, once it does not.
     dead: Mutex<Option<String>>,
+    /// The reader process's lifeline (see `launcher::Child`): let go when it fails, which
+    /// kills the process, stopped or not.
+    lifeline: Mutex<Option<OwnedFd>>,
 }
 
 /// Why a request got no answer: the reader said why not (`FAILED`), or it failed.
@@ -85,7 +96,7 @@ impl std::fmt::Display for Failure {
 /// The answers to one request, as they come.
 struct Reply<'a> {
     conn: &'a Connection,
-    rx: mpsc::UnboundedReceiver<wire::Message>,
+    rx: mpsc::Receiver<wire::Message>,
 }
 
 impl Reply<'_> {
@@ -103,11 +114,52 @@ impl Reply<'_> {
     }
 }
 
+/// What a reader sends beyond what it is asked: `Alive`s this second, answers no one waits for.
+#[derive(Default)]
+struct Flood {
+    second: Option<Instant>,
+    alives: u32,
+    unwanted: u32,
+}
+
+impl Flood {
+    fn alive(&mut self) -> Result<(), String> {
+        if self
+            .second
+            .is_none_or(|s| s.elapsed() >= Duration::from_secs(1))
+        {
+            (self.second, self.alives) = (Some(Instant::now()), 0);
+        }
+        self.alives += 1;
+        if self.alives > MOST_ALIVE_A_SECOND {
+            return Err(format!(
+                "the reader says it is alive over {MOST_ALIVE_A_SECOND} times a second"
+            ));
+        }
+        Ok(())
+    }
+
+    fn unwanted(&mut self) -> Result<(), String> {
+        self.unwanted += 1;
+        if self.unwanted > MOST_UNWANTED {
+            return Err(format!(
+                "the reader sent over {MOST_UNWANTED} answers no request waits for"
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Connection {
     /// The reader at the other end of `sock`, its answers received by a task of its own on the
     /// runtime of the caller.
-    fn over(sock: OwnedFd, found: Arc<AtomicU64>) -> Result<Arc<Connection>> {
+    fn over(
+        sock: OwnedFd,
+        lifeline: Option<OwnedFd>,
+        found: Arc<AtomicU64>,
+    ) -> Result<Arc<Connection>> {
         let c = Arc::new(Connection {
+            lifeline: Mutex::new(lifeline),
             channel: wire::Channel::new(sock)?,
             pending: Mutex::default(),
             next: AtomicU64::new(1),
@@ -120,14 +172,15 @@ impl Connection {
     }
 
     /// Receives the reader's answers until it fails or closes, handing each to its request,
-    /// and watches for silence and stalls.
+    /// and watches for silence, stalls and floods.
     async fn receive(self: Arc<Self>) {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
+        let mut flood = Flood::default();
         loop {
             tokio::select! {
                 got = self.channel.recv() => match got {
                     Ok(Some(m)) => {
-                        if let Err(why) = self.route(m) {
+                        if let Err(why) = self.route(m, &mut flood).await {
                             return self.fail(&why);
                         }
                     }
@@ -146,12 +199,14 @@ impl Connection {
         }
     }
 
-    /// Hands `m` to the request it answers.
-    fn route(&self, m: wire::Message) -> Result<(), String> {
+    /// Hands `m` to the request it answers (waiting while that request's answers are not
+    /// taken: the reader then waits too).
+    async fn route(&self, m: wire::Message, flood: &mut Flood) -> Result<(), String> {
         *lock(&self.heard) = Instant::now();
         if m.id == 0 {
             return match Kind::try_from(m.kind) {
                 Ok(Kind::Alive) => {
+                    flood.alive()?;
                     let found = protocol::read_alive(&m.payload).map_err(|e| format!("{e:#}"))?;
                     self.found.store(found, Relaxed);
                     Ok(())
@@ -168,21 +223,36 @@ impl Connection {
                 m.id
             ));
         }
+        let kind = Kind::try_from(m.kind).ok();
         let last = m.kind == wire::FAILED
             || matches!(
-                Kind::try_from(m.kind),
-                Ok(Kind::Hello | Kind::Opened | Kind::Done | Kind::Checked)
+                kind,
+                Some(Kind::Hello | Kind::Opened | Kind::Done | Kind::Checked)
             );
-        let id = m.id;
-        let mut pending = lock(&self.pending);
-        // A request given up on (its waiter gone) gets no more: what comes for it is dropped.
-        let Some(w) = pending.get_mut(&id) else {
-            return Ok(());
+        // An answer moves its request on: samples answered (not an empty answer), or its end.
+        let progress = match kind {
+            Some(Kind::Samples) => m.payload.get(..4).is_some_and(|n| n != [0; 4]),
+            _ => true,
         };
-        w.since = Instant::now();
-        let gone = w.tx.send(m).is_err();
-        if last || gone {
-            pending.remove(&id);
+        let id = m.id;
+        let tx = {
+            let mut pending = lock(&self.pending);
+            // A request given up on (its waiter gone) gets no more: what comes for it is
+            // dropped.
+            let Some(w) = pending.get_mut(&id) else {
+                return flood.unwanted();
+            };
+            if progress {
+                w.since = Instant::now();
+            }
+            let tx = w.tx.clone();
+            if last {
+                pending.remove(&id);
+            }
+            tx
+        };
+        if tx.send(m).await.is_err() {
+            lock(&self.pending).remove(&id);
         }
         Ok(())
     }
@@ -223,6 +293,8 @@ impl Connection {
         drop(dead);
         lock(&self.pending).clear();
         self.channel.shutdown();
+        // The process is killed, whatever it does (a reader taken over ignores its socket).
+        drop(lock(&self.lifeline).take());
     }
 
     fn dead(&self) -> Option<String> {
@@ -242,7 +314,7 @@ impl Connection {
             return Err(Failure::Dead(why));
         }
         let id = self.next.fetch_add(1, Relaxed);
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(ANSWERS_QUEUED);
         let waiter = Waiter {
             tx,
             since: Instant::now(),
@@ -297,6 +369,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Why a `Samples` answer was not taken: it does not hold (the reader lied), or holding it
+/// is over its owner's share.
+enum Taken {
+    Lied(anyhow::Error),
+    Refused(String),
+}
+
 /// Each sample's bytes on disk, as its reader said.
 enum SampleSizes {
     Each(u64),
@@ -316,10 +395,15 @@ pub struct RemoteSource {
     objects: Option<Location>,
     meta: protocol::Opened,
     sizes: SampleSizes,
-    /// Its files, as walked before any was parsed: what a new reader is held to, and what
-    /// users are checked against.
-    walk: Arc<[PathBuf]>,
-    files: Arc<[PathBuf]>,
+    /// Its files, as walked before any was parsed (the reader's sealed memfd of them, kept as
+    /// it came): what a new reader is held to, and what users are checked against.
+    walk: Arc<OwnedFd>,
+    /// For a dataset in an object store, its location, which users are checked against
+    /// instead (only `allow` grants it).
+    url: Option<PathBuf>,
+    /// Where it is: its path, or for a pattern the folder the pattern is in (the daemon's
+    /// knowledge, not the reader's).
+    root: PathBuf,
     max_sample_bytes: u64,
     /// Loads its owner's readers may have in flight at once (shared by all their datasets).
     slots: Arc<tokio::sync::Semaphore>,
@@ -330,6 +414,9 @@ pub struct RemoteSource {
     checking: std::sync::atomic::AtomicBool,
     /// What its sizes and walk take of the daemon's memory, charged to its owner.
     _charges: Vec<Charge>,
+    /// Where what its reader's answers take while held is charged, and to whom.
+    account: Arc<Footprint>,
+    payer: Payer,
 }
 
 /// The reader serving now, and the failures in a row before it.
@@ -356,16 +443,19 @@ fn backoff(failures: u32) -> Duration {
         .min(MOST_BACKOFF)
 }
 
-/// The loads in flight at once to the readers of user `uid`, all their datasets together:
-/// two per core, so the threads one user's readers decode on never outnumber another's by
-/// more than that (the kernel shares the cores between threads), and no user's loads wait for
-/// another's.
-fn slots_of(uid: u32) -> Arc<tokio::sync::Semaphore> {
-    static SLOTS: std::sync::OnceLock<Mutex<HashMap<u32, Arc<tokio::sync::Semaphore>>>> =
+/// The loads in flight at once to the readers of a user's datasets, all of them together (or
+/// to one config dataset's reader): two per core, so the threads one user's readers decode on
+/// never outnumber another's by more than that (the kernel shares the cores between threads),
+/// no user's loads wait for another's, and one config dataset's reader (which a crafted file
+/// may have wedged) holds up no other's.
+fn slots_of(key: String) -> Arc<tokio::sync::Semaphore> {
+    static SLOTS: std::sync::OnceLock<Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>> =
         std::sync::OnceLock::new();
     let per_user = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
-    lock(SLOTS.get_or_init(Mutex::default))
-        .entry(uid)
+    let mut slots = lock(SLOTS.get_or_init(Mutex::default));
+    slots.retain(|_, s| Arc::strong_count(s) > 1);
+    slots
+        .entry(key)
         .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(per_user)))
         .clone()
 }
@@ -402,10 +492,13 @@ async fn start(
     found: Arc<AtomicU64>,
 ) -> Result<Arc<Connection>> {
     let u = user.clone();
-    let sock = tokio::task::spawn_blocking(move || launcher.spawn_reader(&u))
+    let child = tokio::task::spawn_blocking(move || launcher.spawn_reader(&u))
         .await
         .context("starting a reader")??;
-    greet(Connection::over(sock, found)?).await
+    let reader = Connection::over(child.sock, Some(child.lifeline), found)?;
+    greet(reader.clone())
+        .await
+        .inspect_err(|e| reader.fail(&format!("it did not greet: {e:#}")))
 }
 
 /// `reader`, once it has said it speaks this protocol.
@@ -455,10 +548,10 @@ async fn from_reader(
     // Who may have it follows from what it is, which the daemon knows: its files as walked
     // before any was parsed, or for an object store its location (which only `allow` grants),
     // never what a reader (one a crafted file took over) says later.
-    let walk: Arc<[PathBuf]> = walk.into();
-    let files = match objects {
-        Some(_) => Arc::from(vec![c.path.clone()]),
-        None => walk.clone(),
+    let url = objects.is_some().then(|| c.path.clone());
+    let root = match crate::source::walk::is_pattern(&c.path) {
+        true => c.path.parent().map(PathBuf::from).unwrap_or_default(),
+        false => c.path.clone(),
     };
     let format = crate::source::format_named(&meta.kind)?;
     let schema = meta.schema.clone();
@@ -466,14 +559,18 @@ async fn from_reader(
     let source = RemoteSource {
         name: c.name.clone(),
         launcher,
-        slots: slots_of(user.uid),
+        slots: slots_of(match charge_to.1 {
+            Payer::User(uid) => format!("uid {uid}"),
+            Payer::Config | Payer::Tcp => format!("dataset {}", c.name),
+        }),
         user,
         open_request,
         objects,
         meta,
         sizes,
         walk,
-        files,
+        url,
+        root,
         max_sample_bytes: limits.max_sample_bytes,
         state: Mutex::new(State {
             reader: Some(reader),
@@ -484,6 +581,8 @@ async fn from_reader(
         changed: Mutex::default(),
         checking: Default::default(),
         _charges: charges,
+        account: charge_to.0.clone(),
+        payer: charge_to.1,
     };
     Ok(Opened {
         source: Box::new(source),
@@ -492,9 +591,6 @@ async fn from_reader(
         format: format as &dyn Format,
     })
 }
-
-/// The most bytes of a walk's list of files.
-const MOST_WALK_BYTES: u64 = 16 << 30;
 
 /// What a dataset's open charges: to whom, and the dataset's name for the message.
 type ChargeTo<'a> = (&'a Arc<Footprint>, Payer, &'a str);
@@ -505,11 +601,11 @@ type ChargeTo<'a> = (&'a Arc<Footprint>, Payer, &'a str);
 async fn open_in(
     reader: &Connection,
     request: &protocol::Open,
-    walk: Option<&[PathBuf]>,
+    walk: Option<&Arc<OwnedFd>>,
     objects: Option<&Location>,
     limits: &Limits,
     charge_to: Option<ChargeTo<'_>>,
-) -> Result<(protocol::Opened, SampleSizes, Vec<PathBuf>, Vec<Charge>)> {
+) -> Result<(protocol::Opened, SampleSizes, Arc<OwnedFd>, Vec<Charge>)> {
     let mut charges = vec![];
     let mut charge = |bytes: u64, what: String| -> Result<()> {
         if let Some((account, payer, name)) = charge_to {
@@ -517,19 +613,18 @@ async fn open_in(
         }
         Ok(())
     };
-    let mut fds: Vec<OwnedFd> = vec![];
+    let mut raw: Vec<RawFd> = vec![];
     if let Some(walk) = walk {
-        fds.push(wire::sealed_memfd(
-            "larder-walk",
-            &wire::path_list(walk.iter()),
-        )?);
+        raw.push(walk.as_raw_fd());
     }
     // A dataset in an object store: the reader's end of a channel to its objects goes with
     // the request, the daemon's is served until the reader closes it.
+    let mut channel = None;
     if let Some(scope) = objects {
         let (ours, theirs) = wire::pair()?;
         super::fetch::serve(ours, scope.clone())?;
-        fds.push(theirs);
+        raw.push(theirs.as_raw_fd());
+        channel = Some(theirs);
     }
     let request = protocol::Open {
         table: request.table.clone(),
@@ -537,34 +632,33 @@ async fn open_in(
         walk: walk.is_some(),
         objects: request.objects,
     };
-    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
     let failed = |e: Failure| anyhow!("{e}");
     let mut reply = reader
         .call(Kind::Open, &request.write(), &raw, OPEN_WITHIN)
         .map_err(failed)?;
-    drop(fds);
+    drop(channel);
     let mut m = reply.next().await.map_err(failed)?;
     let walk = match walk {
-        Some(w) => w.to_vec(),
+        Some(w) => w.clone(),
         None => {
             reader.expect(&m, Kind::Walked).map_err(failed)?;
-            let list = m.fd().context("a walk without its list")?;
-            let map = wire::map_sealed(list, MOST_WALK_BYTES)?;
-            let bytes: &[u8] = map.as_deref().unwrap_or(&[]);
-            let entries = bytes.iter().filter(|&&b| b == 0).count() as u64;
-            // A path each: its bytes, and a PathBuf with its allocation's overhead.
-            charge(
-                bytes.len() as u64 + 40 * entries,
-                format!("its list of {entries} files"),
-            )?;
-            let walked = wire::paths_of(bytes);
+            ensure!(m.fds.len() == 1, "a walk without its list");
+            let list = m.fds.pop().expect("one");
+            // Kept as it came (sealed: it cannot change), never read here: charged by its
+            // length, checked before anything of it is touched.
+            let len = wire::sealed_len(&list, protocol::MOST_WALK_BYTES)?;
+            charge(len, format!("its list of files ({len} bytes)"))?;
             m = reply.next().await.map_err(failed)?;
-            walked
+            Arc::new(list)
         }
     };
     reader.expect(&m, Kind::Opened).map_err(failed)?;
     let meta = protocol::Opened::read(&m.payload)?;
-    ensure!(meta.granule >= 1, "a granule of {}", meta.granule);
+    ensure!(
+        (1..=protocol::MOST_LOAD_SAMPLES).contains(&meta.granule),
+        "a granule of {}",
+        meta.granule
+    );
     ensure!(meta.len <= 1 << 40, "{} samples", meta.len);
     if let Some(bytes) = meta.schema.fixed_record_bytes() {
         ensure!(bytes <= limits.max_sample_bytes, "samples of {bytes} bytes");
@@ -644,7 +738,13 @@ impl RemoteSource {
                 None,
             )
             .await;
-            opened.map(|(meta, ..)| (r, meta))
+            match opened {
+                Ok((meta, ..)) => Ok((r, meta)),
+                Err(e) => {
+                    r.fail(&format!("its dataset did not open again: {e:#}"));
+                    Err(e)
+                }
+            }
         }
         .await;
         let mut state = lock(&self.state);
@@ -704,29 +804,34 @@ impl RemoteSource {
             threads: 1,
             ranges: vec![(start, count)],
         };
+        let mut held = vec![];
         let answered = async {
             let mut reply = reader.call(Kind::Load, &load.write(), &[], LOAD_STALL)?;
             let mut records: Vec<Option<Result<Vec<u8>>>> = (0..count).map(|_| None).collect();
             loop {
                 let m = reply.next().await?;
+                let lied = |e: anyhow::Error| {
+                    reader.fail(&format!("the reader's answer does not hold: {e:#}"));
+                    Failure::Dead(format!("its reader sent what does not hold ({e:#})"))
+                };
                 match Kind::try_from(m.kind) {
                     Ok(Kind::Samples) => {
-                        self.take_samples(&m, start, &mut records).map_err(|e| {
-                            reader.fail(&format!("the reader's answer does not hold: {e:#}"));
-                            Failure::Dead(format!("its reader sent what does not hold ({e:#})"))
-                        })?
+                        match self.take_samples(&m, start, &mut records) {
+                            Ok(charge) => held.push(charge),
+                            // Over the owner's share: the load fails, the reader is not to
+                            // blame (its answers may be honest and large).
+                            Err(Taken::Refused(e)) => return Err(Failure::Refused(e)),
+                            Err(Taken::Lied(e)) => return Err(lied(e)),
+                        }
                     }
                     Ok(Kind::Done) => {
-                        let held = (|| {
+                        let done = (|| {
                             let (raw, n) = protocol::read_done(&m.payload)?;
                             ensure!(n == count, "{n} samples for {count} asked");
                             let all = records.into_iter().collect::<Option<Vec<_>>>();
                             Ok((all.context("a load done without all its samples")?, raw))
                         })();
-                        return held.map_err(|e: anyhow::Error| {
-                            reader.fail(&format!("the reader's answer does not hold: {e:#}"));
-                            Failure::Dead(format!("its reader sent what does not hold ({e:#})"))
-                        });
+                        return done.map_err(lied);
                     }
                     _ => {
                         reader.expect(&m, Kind::Done)?;
@@ -736,9 +841,13 @@ impl RemoteSource {
         }
         .await;
         match answered {
-            Ok(records) => {
+            Ok((records, raw_bytes)) => {
                 lock(&self.state).failures = 0;
-                Ok(records)
+                Ok(crate::source::Loaded {
+                    records,
+                    raw_bytes,
+                    held,
+                })
             }
             // The reader's own failure to answer: the stream ends, no sample is to blame.
             Err(Failure::Refused(why)) => {
@@ -750,57 +859,81 @@ impl RemoteSource {
     }
 
     /// The samples of a `Samples` answer into `records` (of the samples from `start`), each
-    /// checked against the schema and the limit: in the message after its table, or in the
-    /// memfd beside it.
+    /// checked against the schema and the limit (in the message after its table, or in the
+    /// memfd beside it), charged to the owner before they are copied.
     fn take_samples(
         &self,
         m: &wire::Message,
         start: u64,
         records: &mut [Option<Result<Vec<u8>>>],
-    ) -> Result<()> {
-        let (table, mut rest) = protocol::read_samples(&m.payload)?;
-        let most = (table.len() as u64)
-            .saturating_mul(self.max_sample_bytes)
-            .min(MOST_ANSWER_BYTES);
-        let map = match m.fd() {
-            Some(fd) => {
-                rest.end()?;
-                wire::map_sealed(fd, most)?
+    ) -> Result<Charge, Taken> {
+        let (table, mut rest) = protocol::read_samples(&m.payload).map_err(Taken::Lied)?;
+        (|| {
+            ensure!(!table.is_empty(), "an answer of no samples");
+            Ok(())
+        })()
+        .map_err(Taken::Lied)?;
+        let bytes: u64 = table
+            .iter()
+            .map(|(_, o)| match o {
+                Outcome::Record { len, .. } => *len,
+                Outcome::Bad(why) | Outcome::Changed(why) => why.len() as u64,
+            })
+            .fold(0u64, u64::saturating_add);
+        let charge = self
+            .account
+            .charge(
+                self.payer,
+                bytes,
+                &format!("dataset {:?}: samples its reader answered", self.name),
+            )
+            .map_err(|e| Taken::Refused(e.to_string()))?;
+        (|| {
+            let most = (table.len() as u64)
+                .saturating_mul(self.max_sample_bytes)
+                .min(MOST_ANSWER_BYTES);
+            let map = match m.fd() {
+                Some(fd) => {
+                    rest.end()?;
+                    wire::map_sealed(fd, most)?
+                }
+                None => None,
+            };
+            let bytes: &[u8] = match &map {
+                Some(map) => map,
+                None => rest.rest(),
+            };
+            for (i, outcome) in table {
+                let slot = i
+                    .checked_sub(start)
+                    .and_then(|k| records.get_mut(k as usize))
+                    .with_context(|| format!("sample {i}, which was not asked"))?;
+                ensure!(slot.is_none(), "sample {i} answered twice");
+                *slot = Some(match outcome {
+                    Outcome::Record { at, len } => {
+                        ensure!(len <= self.max_sample_bytes, "a record of {len} bytes");
+                        let end = at
+                            .checked_add(len)
+                            .filter(|&e| e <= bytes.len() as u64)
+                            .context("a record past the end of the answer's records")?;
+                        let record = bytes[at as usize..end as usize].to_vec();
+                        self.meta
+                            .schema
+                            .decode(&record)
+                            .context("a record that does not fit the dataset's fields")?;
+                        Ok(record)
+                    }
+                    Outcome::Bad(why) => Err(anyhow!("{why}")),
+                    Outcome::Changed(why) => {
+                        *lock(&self.changed) = Some(why.clone());
+                        Err(Error::new(ErrorKind::Changed, why).into())
+                    }
+                });
             }
-            None => None,
-        };
-        let bytes: &[u8] = match &map {
-            Some(map) => map,
-            None => rest.rest(),
-        };
-        for (i, outcome) in table {
-            let slot = i
-                .checked_sub(start)
-                .and_then(|k| records.get_mut(k as usize))
-                .with_context(|| format!("sample {i}, which was not asked"))?;
-            ensure!(slot.is_none(), "sample {i} answered twice");
-            *slot = Some(match outcome {
-                Outcome::Record { at, len } => {
-                    ensure!(len <= self.max_sample_bytes, "a record of {len} bytes");
-                    let end = at
-                        .checked_add(len)
-                        .filter(|&e| e <= bytes.len() as u64)
-                        .context("a record past the end of the answer's records")?;
-                    let record = bytes[at as usize..end as usize].to_vec();
-                    self.meta
-                        .schema
-                        .decode(&record)
-                        .context("a record that does not fit the dataset's fields")?;
-                    Ok(record)
-                }
-                Outcome::Bad(why) => Err(anyhow!("{why}")),
-                Outcome::Changed(why) => {
-                    *lock(&self.changed) = Some(why.clone());
-                    Err(Error::new(ErrorKind::Changed, why).into())
-                }
-            });
-        }
-        Ok(())
+            Ok(())
+        })()
+        .map_err(Taken::Lied)?;
+        Ok(charge)
     }
 
     /// Asks the reader serving now whether the dataset's files still read as they did (an
@@ -913,12 +1046,15 @@ impl Provenance for RemoteSource {
         lock(&self.changed).clone()
     }
 
-    fn files(&self) -> Arc<[PathBuf]> {
-        self.files.clone()
+    fn files(&self) -> crate::access::Files {
+        match &self.url {
+            Some(url) => crate::access::Files::List(Arc::from(vec![url.clone()])),
+            None => crate::access::Files::Sealed(self.walk.clone()),
+        }
     }
 
     fn root(&self) -> &Path {
-        &self.meta.root
+        &self.root
     }
 }
 

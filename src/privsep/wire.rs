@@ -420,10 +420,10 @@ pub fn sealed_memfd(name: &str, data: &[u8]) -> Result<OwnedFd> {
     Ok(file.into())
 }
 
-/// A memfd another process sent, mapped read-only, if it is sealed as `sealed_memfd` seals (its
-/// sender can no longer change, grow or shrink it) and holds at most `max` bytes. Only the
-/// pages read are touched: a large sparse memfd costs nothing until read.
-pub fn map_sealed(fd: &OwnedFd, max: u64) -> Result<Option<memmap2::Mmap>> {
+/// The length of a memfd another process sent, if it is sealed as `sealed_memfd` seals (its
+/// sender can no longer change, grow or shrink it) and holds at most `max` bytes; nothing of
+/// it is read.
+pub fn sealed_len(fd: &OwnedFd, max: u64) -> Result<u64> {
     // SAFETY: fcntl on a descriptor we own.
     let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
     let want = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
@@ -431,12 +431,27 @@ pub fn map_sealed(fd: &OwnedFd, max: u64) -> Result<Option<memmap2::Mmap>> {
         seals >= 0 && seals & want == want,
         "a memfd that is not sealed"
     );
-    let file = std::fs::File::from(fd.try_clone()?);
-    let len = file.metadata()?.len();
+    // SAFETY: fstat fills `st`.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    ensure!(
+        unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0,
+        "fstat: {}",
+        std::io::Error::last_os_error()
+    );
+    let len = st.st_size as u64;
     ensure!(
         len <= max,
         "a memfd of {len} bytes, over the {max} expected"
     );
+    Ok(len)
+}
+
+/// A memfd another process sent, mapped read-only, if it is sealed as `sealed_memfd` seals (its
+/// sender can no longer change, grow or shrink it) and holds at most `max` bytes. Only the
+/// pages read are touched: a large sparse memfd costs nothing until read.
+pub fn map_sealed(fd: &OwnedFd, max: u64) -> Result<Option<memmap2::Mmap>> {
+    let len = sealed_len(fd, max)?;
+    let file = std::fs::File::from(fd.try_clone()?);
     if len == 0 {
         return Ok(None);
     }

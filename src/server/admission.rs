@@ -49,7 +49,12 @@ pub async fn admit(ds: &Arc<Dataset>, who: &Caller) -> Result<(), Status> {
         id.gid,
         id.groups.clone(),
         ds.id,
-        access::ctime_of(ds.source.root()),
+        // A user's dataset's path is not looked at here (it may be a file system its user
+        // controls): its denials stand their time alone.
+        ds.owner
+            .is_none()
+            .then(|| access::ctime_of(ds.source.root()))
+            .flatten(),
     );
     {
         let mut denials = denials().lock().unwrap_or_else(|e| e.into_inner());

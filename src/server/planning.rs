@@ -1,7 +1,8 @@
 //! What opening a stream costs the daemon, charged to whoever opens it before it is built
-//! (see `footprint`): its plan (its shard's samples, batch by batch) and, for a shuffled epoch,
-//! the epoch's order (where each sample comes: four bytes a sample, one for all the streams a
-//! user has on that order). Plans are built off the async threads, a few at a time per user
+//! (see `footprint`): building its plan (the epoch's whole order, for the while it is built),
+//! the plan (its shard's samples, batch by batch) and, for a shuffled epoch, the epoch's order
+//! the memory tier keeps (where each sample comes: four bytes a sample, one for all the
+//! streams a user has on that order). Plans are built off the async threads, a few at a time per user
 //! (`limits.plans_per_user`): a user asking for many waits for their own.
 
 use crate::access::Caller;
@@ -40,7 +41,7 @@ impl Planning {
     pub fn payer(who: &Caller) -> Payer {
         match who {
             Caller::Local(id) => Payer::of_uid(Some(id.uid)),
-            Caller::Tcp => Payer::Config,
+            Caller::Tcp => Payer::Tcp,
         }
     }
 
@@ -70,6 +71,14 @@ impl Planning {
             false => None,
         };
         let _turn = self.turns.take(payer_key(payer)).await;
+        // Building it orders the whole epoch (8 bytes a sample, twice for a node's part):
+        // charged while it is built.
+        let building = req
+            .num_samples
+            .saturating_mul(if req.split.is_some() { 16 } else { 8 });
+        let _building =
+            self.account
+                .charge(payer, building, &format!("{what}: building its plan"))?;
         let plan = tokio::task::spawn_blocking(move || Plan::new(req))
             .await
             .map_err(|e| Status::internal(format!("building the plan failed: {e}")))?
@@ -115,5 +124,6 @@ fn payer_key(payer: Payer) -> u64 {
     match payer {
         Payer::User(uid) => uid as u64,
         Payer::Config => u64::MAX,
+        Payer::Tcp => u64::MAX - 1,
     }
 }

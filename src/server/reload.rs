@@ -30,6 +30,9 @@ pub struct Datasets {
     plan: (u64, f64),
     /// What opens need: the limits, the footprint account, whether there is a scratch tier.
     open_with: OpenWith,
+    /// One plan at a time (quick: what to open; the opens run apart): many streams asking at
+    /// once for a changed dataset plan once each, in turn, not all at once.
+    planning: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Datasets {
@@ -55,6 +58,7 @@ impl Datasets {
             limits,
             plan,
             open_with,
+            planning: Default::default(),
         }
     }
 
@@ -144,6 +148,7 @@ impl Datasets {
     /// lock (a reader that takes long, or a stopped one, holds up its own dataset only), and
     /// drops what is gone; waits for none of the opens.
     async fn start_opens(&self) {
+        let _one = self.planning.lock().await;
         let mut configs = self
             .configs
             .lock()

@@ -161,7 +161,7 @@ impl Service {
     /// Whether `who` may read `ds`, as listings show it: a recent proof, else a check made now
     /// (which is recorded; a proof is renewed only by a check made now, never by its reuse).
     async fn may_read(&self, ds: &Arc<Dataset>, who: &Caller) -> bool {
-        let root = ds.source.root();
+        let root = stamped_root(ds);
         if self.proofs.fresh(who, ds.id, root) {
             return true;
         }
@@ -312,7 +312,7 @@ impl Service {
     async fn admitted(&self, name: &str, who: &Caller) -> Result<Arc<Dataset>, Status> {
         let ds = self.dataset(name, who).await?;
         admit(&ds, who).await?;
-        self.proofs.record(who, ds.id, ds.source.root());
+        self.proofs.record(who, ds.id, stamped_root(&ds));
         Ok(ds)
     }
 
@@ -496,6 +496,13 @@ impl Service {
         };
         Ok((sel, request))
     }
+}
+
+/// The file or folder whose status-change time stamps `ds`'s access proofs: the config's
+/// datasets' (the admin's paths); None for a dataset a user added, whose path the daemon does
+/// not look at on its async threads (it may be a file system its user controls).
+fn stamped_root(ds: &Dataset) -> Option<&std::path::Path> {
+    ds.owner.is_none().then(|| ds.source.root())
 }
 
 /// The identity of a caller on the Unix socket: datasets are `what` (added, removed) only

@@ -366,8 +366,8 @@ impl Provenance for Hdf5Source {
         self.stamp.changed(&self.path)
     }
 
-    fn files(&self) -> std::sync::Arc<[PathBuf]> {
-        std::sync::Arc::from(vec![self.path.clone()])
+    fn files(&self) -> crate::access::Files {
+        crate::access::Files::List(std::sync::Arc::from(vec![self.path.clone()]))
     }
 
     fn root(&self) -> &Path {

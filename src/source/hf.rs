@@ -1100,8 +1100,8 @@ impl Provenance for HfSource {
         self.files.iter().find_map(Blob::changed)
     }
 
-    fn files(&self) -> Arc<[PathBuf]> {
-        self.access.clone()
+    fn files(&self) -> crate::access::Files {
+        crate::access::Files::List(self.access.clone())
     }
 
     fn root(&self) -> &Path {

@@ -502,8 +502,8 @@ impl Provenance for ImageFolderSource {
         self.version.clone()
     }
 
-    fn files(&self) -> std::sync::Arc<[PathBuf]> {
-        self.files.clone()
+    fn files(&self) -> crate::access::Files {
+        crate::access::Files::List(self.files.clone())
     }
 
     fn root(&self) -> &Path {

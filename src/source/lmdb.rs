@@ -581,8 +581,8 @@ impl Provenance for LmdbSource {
         self.envs.iter().find_map(|e| e.stamp.changed(&e.path))
     }
 
-    fn files(&self) -> Arc<[PathBuf]> {
-        self.access.clone()
+    fn files(&self) -> crate::access::Files {
+        crate::access::Files::List(self.access.clone())
     }
 
     fn root(&self) -> &Path {

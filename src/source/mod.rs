@@ -404,8 +404,15 @@ pub trait RawSource: Send + Sync {
     }
 }
 
-/// Samples read and prepared: each its record or why not, and the raw bytes read for them.
-pub type Loaded = (Vec<Result<Vec<u8>>>, u64);
+/// Samples read and prepared: each its record or why not, the raw bytes read for them, and
+/// what holding them is charged (a reader's answers, in the daemon until they are placed in the
+/// tiers).
+#[derive(Debug)]
+pub struct Loaded {
+    pub records: Vec<Result<Vec<u8>>>,
+    pub raw_bytes: u64,
+    pub held: Vec<crate::footprint::Charge>,
+}
 
 /// A source whose samples come read and preprocessed from elsewhere (a reader process),
 /// awaited on the async runtime: no thread waits for them.
@@ -444,7 +451,7 @@ pub trait Provenance: Send + Sync {
     /// The files (and folders) a user must be able to read to be served this source without
     /// a grant: checked as that user (see `access`). Built once, at open: a check must not
     /// allocate a million paths per request.
-    fn files(&self) -> std::sync::Arc<[std::path::PathBuf]>;
+    fn files(&self) -> crate::access::Files;
     /// The file or folder the source is: its status-change time stamps access checks (a chmod
     /// or chown of it changes that time, and no user can set it).
     fn root(&self) -> &Path;

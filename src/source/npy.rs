@@ -675,8 +675,8 @@ impl Provenance for NpySource {
         self.blobs.iter().find_map(|b| b.changed())
     }
 
-    fn files(&self) -> Arc<[PathBuf]> {
-        self.files.clone()
+    fn files(&self) -> crate::access::Files {
+        crate::access::Files::List(self.files.clone())
     }
 
     fn root(&self) -> &Path {

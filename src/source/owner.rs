@@ -8,7 +8,7 @@
 use super::{Opened, Provenance, RawSample, RawSource, Source};
 use crate::access::{as_user, Identity};
 use anyhow::{anyhow, Result};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 /// The identity the files of a dataset owned by `owner` are read with: None (the daemon's own)
@@ -102,7 +102,7 @@ impl Provenance for AsOwner {
         run(&self.owner, || Ok(self.inner.changed())).unwrap_or_else(|e| Some(format!("{e:#}")))
     }
 
-    fn files(&self) -> Arc<[PathBuf]> {
+    fn files(&self) -> crate::access::Files {
         self.inner.files()
     }
 

@@ -420,8 +420,8 @@ impl Provenance for ParquetSource {
         self.files.iter().find_map(|f| f.file.0.changed())
     }
 
-    fn files(&self) -> Arc<[PathBuf]> {
-        self.access.clone()
+    fn files(&self) -> crate::access::Files {
+        crate::access::Files::List(self.access.clone())
     }
 
     fn root(&self) -> &Path {

@@ -18,6 +18,10 @@ enum Lie {
     NotAsked,
     Silent,
     Gone,
+    /// Answers with no samples, again and again, and never ends the load.
+    Empty,
+    /// Says it is alive a hundred times over.
+    Chatty,
     /// Says it is alive every half second, and answers after `SLOW`.
     Slow,
 }
@@ -93,6 +97,18 @@ fn fake(lie: Lie, opened: protocol::Opened) -> OwnedFd {
                         }
                         Lie::Silent => continue,
                         Lie::Gone => return,
+                        Lie::Empty => {
+                            let mut w = Writer::default();
+                            protocol::write_samples(&mut w, &[]);
+                            send(fd, Kind::Samples, m.id, &w.0, None);
+                            continue;
+                        }
+                        Lie::Chatty => {
+                            for _ in 0..100 {
+                                send(fd, Kind::Alive, 0, &protocol::alive(0), None);
+                            }
+                            continue;
+                        }
                     };
                     if let Lie::Slow = lie {
                         let began = Instant::now();
@@ -124,7 +140,7 @@ async fn opened_by(lie: Lie, path: &str, opened: protocol::Opened) -> Result<Ope
         gid: 1000,
         groups: vec![],
     };
-    let reader = greet(Connection::over(fake(lie, opened), Arc::default())?).await?;
+    let reader = greet(Connection::over(fake(lie, opened), None, Arc::default())?).await?;
     from_reader(
         None,
         user,
@@ -164,6 +180,8 @@ async fn a_reader_that_lies_or_fails_costs_its_dataset_a_clear_error() {
         (Lie::Twice, "answered twice"),
         (Lie::NotAsked, "not asked"),
         (Lie::Gone, "the reader process ended"),
+        (Lie::Empty, "an answer of no samples"),
+        (Lie::Chatty, "alive over 20 times a second"),
     ] {
         let err = format!("{:#}", lied_to(lie).await);
         assert!(err.contains(says), "{says}: {err}");
@@ -178,9 +196,12 @@ async fn a_silent_reader_is_found_in_seconds_and_a_working_one_is_waited_for() {
     let opened = opened_by(Lie::Slow, "/fake", honest_opened())
         .await
         .unwrap();
-    let (records, raw) = opened.source.prepared().unwrap().load(0, 2).await.unwrap();
-    assert_eq!(raw, 8);
-    assert!(records.iter().all(|r| r.as_ref().unwrap() == &vec![7u8; 4]));
+    let loaded = opened.source.prepared().unwrap().load(0, 2).await.unwrap();
+    assert_eq!(loaded.raw_bytes, 8);
+    assert!(loaded
+        .records
+        .iter()
+        .all(|r| r.as_ref().unwrap() == &vec![7u8; 4]));
 }
 
 #[tokio::test]
@@ -189,7 +210,12 @@ async fn access_follows_the_walk_before_parsing_or_the_object_stores_path() {
     let opened = opened_by(Lie::Honest, "/fake", honest_opened())
         .await
         .unwrap();
-    assert_eq!(&opened.source.files()[..], &[PathBuf::from("/fake")]);
+    let files = opened.source.files();
+    assert!(
+        matches!(files, crate::access::Files::Sealed(_)),
+        "kept as it came"
+    );
+    assert_eq!(&files.to_list().unwrap()[..], &[PathBuf::from("/fake")]);
     assert_eq!(opened.source.disk_bytes_of(1), 4);
     // The reader says its files are /fake (which a user might read); the dataset is in an
     // object store, so access is checked against its URL, which only `allow` grants.
@@ -197,7 +223,7 @@ async fn access_follows_the_walk_before_parsing_or_the_object_stores_path() {
         .await
         .unwrap();
     assert_eq!(
-        &opened.source.files()[..],
+        &opened.source.files().to_list().unwrap()[..],
         &[PathBuf::from("s3://data/train")]
     );
 }
@@ -217,7 +243,7 @@ async fn an_open_over_its_owners_share_is_refused_before_its_sizes_are_read() {
         sizes: Sizes::PerSample,
         ..honest_opened()
     };
-    let reader = greet(Connection::over(fake(Lie::Honest, huge), Arc::default()).unwrap())
+    let reader = greet(Connection::over(fake(Lie::Honest, huge), None, Arc::default()).unwrap())
         .await
         .unwrap();
     let account = Footprint::new(1 << 40, 1 << 20, None);
@@ -242,6 +268,41 @@ async fn an_open_over_its_owners_share_is_refused_before_its_sizes_are_read() {
 }
 
 #[tokio::test]
+async fn what_a_readers_answers_take_is_charged_to_its_owner_while_held() {
+    let table = "name = \"u/x\"\npath = \"/fake\"";
+    let c = DatasetConfig::from_table(toml::from_str(table).unwrap()).unwrap();
+    let user = User {
+        uid: 1000,
+        gid: 1000,
+        groups: vec![],
+    };
+    let reader =
+        greet(Connection::over(fake(Lie::Honest, honest_opened()), None, Arc::default()).unwrap())
+            .await
+            .unwrap();
+    // A share that holds the walk (6 bytes) and one sample's record, not two.
+    let account = Footprint::new(1 << 40, 10, None);
+    let opened = from_reader(
+        None,
+        user,
+        &c,
+        &Limits::default(),
+        reader,
+        (&account, Payer::User(1000)),
+    )
+    .await
+    .unwrap();
+    let p = opened.source.prepared().unwrap();
+    let err = format!("{:#}", p.load(0, 2).await.unwrap_err());
+    assert!(err.contains("limits.user_footprint_bytes"), "{err}");
+    let one = p.load(0, 1).await;
+    // The fake answers two samples to any load: refused as not asked, or over the share.
+    assert!(one.is_err());
+    drop(opened);
+    assert_eq!(account.total(), 0, "every charge comes back");
+}
+
+#[tokio::test]
 async fn a_reader_of_another_version_is_refused() {
     let (daemon_end, reader_end) = wire::pair().unwrap();
     std::thread::spawn(move || {
@@ -253,7 +314,7 @@ async fn a_reader_of_another_version_is_refused() {
         }
         std::thread::sleep(Duration::from_secs(1));
     });
-    let err = greet(Connection::over(daemon_end, Arc::default()).unwrap())
+    let err = greet(Connection::over(daemon_end, None, Arc::default()).unwrap())
         .await
         .err()
         .unwrap();
@@ -321,7 +382,7 @@ fn with_answers(opened: Vec<u8>, load: Vec<u8>) -> Result<Opened> {
         }
     });
     let opened = runtime().block_on(async {
-        let reader = greet(Connection::over(daemon_end, Arc::default())?).await?;
+        let reader = greet(Connection::over(daemon_end, None, Arc::default())?).await?;
         let table = "name = \"u/x\"\npath = \"/fake\"";
         let c = DatasetConfig::from_table(toml::from_str(table).unwrap()).unwrap();
         let user = User {
@@ -364,9 +425,9 @@ proptest::proptest! {
         let opened = with_answers(honest_opened().write(), payload).unwrap();
         let p = opened.source.prepared().unwrap();
         match runtime().block_on(p.load(0, 2)) {
-            Ok((records, _raw)) => {
-                proptest::prop_assert_eq!(records.len(), 2);
-                for r in records.into_iter().flatten() {
+            Ok(loaded) => {
+                proptest::prop_assert_eq!(loaded.records.len(), 2);
+                for r in loaded.records.into_iter().flatten() {
                     proptest::prop_assert_eq!(r.len(), 4);
                 }
             }
