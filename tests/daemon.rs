@@ -234,7 +234,10 @@ async fn memory_tier_stays_within_its_budget_and_keeps_its_working_set() {
         even_batches: false,
         split: None,
     });
-    let budget = tier + share + 8 * n + plan + 4 * n;
+    // Building each epoch's plan takes 8 bytes a sample more, while it is built: the tier
+    // gives that up then (and keeps a quarter of the samples still).
+    let building = 8 * n;
+    let budget = tier + share + 8 * n + plan + 4 * n + building;
     let f = Fixture::start_with(
         n,
         &format!("budget_bytes = {budget}\nmessage_bytes = {share}"),
@@ -245,7 +248,12 @@ async fn memory_tier_stays_within_its_budget_and_keeps_its_working_set() {
         let batches = epoch(&f, req(25, 1, e)).await;
         check_contents(&batches);
         let s = f.stats().await;
-        assert!(s.memory_bytes <= tier, "{} > {tier}", s.memory_bytes);
+        assert!(
+            s.memory_bytes <= tier + building,
+            "{} > {}",
+            s.memory_bytes,
+            tier + building
+        );
         // The limit: the budget less the message path's share, the streams' futures the
         // policy keeps (the epoch just served waits for its next one) and what the dataset and
         // streams take outside the cache (the scratch tier's index, the open plans).
