@@ -4,6 +4,10 @@ that user with `larder add`), cold every epoch (no scratch tier, a memory tier o
 samples), taking turns, in one run.
 
     sudo PYTHONPATH=python .venv/bin/python benches/readers.py [--rounds 3] [--images 400] [--plot]
+        [--before DIR]
+
+With --before DIR (a target/release folder of another build: its larderd and larder), the
+same setups run on both builds' daemons, taking turns, and each row says its build.
 
 Needs root (it adds a user, and runs larderd with CAP_SETUID/CAP_SETGID so that it forks the
 launcher) and a built target/release/larderd and larder (or --debug). Two datasets: JPEGs of
@@ -69,20 +73,50 @@ def bench(larder: str, socket: pathlib.Path, dataset: str, uid: int) -> tuple:
     return float(m.group(1)), float(m.group(2))
 
 
+def start_daemon(root: pathlib.Path, data: pathlib.Path, larderd: str, larder: str, uid: int):
+    """A daemon of one build on its own socket: the config's datasets (read in the daemon) and
+    the same files added by the user (read by readers as them)."""
+    socket = root / "larder.sock"
+    config = root / "larder.toml"
+    config.write_text(
+        f'unix_socket = "{socket}"\nunix_socket_mode = 0o666\nstate_dir = "{root / "state"}"\n'
+        f'[scratch]\nenabled = false\n[memory]\nbudget_bytes = 67108864\n'
+        f'[[dataset]]\nname = "jpeg-daemon"\nkind = "images"\npath = "{data / "jpegs"}"\n'
+        f'[[dataset]]\nname = "hdf5-daemon"\nkind = "hdf5"\npath = "{data / "arrays.h5"}"\n'
+        f'samples = "images"\nlabels = "labels"\n')
+    daemon = subprocess.Popen([larderd, "--config", str(config)], stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while not socket.exists():
+        if time.time() > deadline or daemon.poll() is not None:
+            sys.exit("larderd did not start")
+        time.sleep(0.05)
+    for name, path, extra in [("jpeg", data / "jpegs", []),
+                              ("hdf5", data / "arrays.h5", ["--labels", "labels"])]:
+        subprocess.run(["setpriv", f"--reuid={uid}", "--regid=65534", "--init-groups", "--",
+                        larder, "--addr", f"unix:{socket}", "add", name, str(path), *extra],
+                       check=True, capture_output=True, timeout=600)
+    return daemon, socket
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--images", type=int, default=400)
     p.add_argument("--arrays", type=int, default=400)
     p.add_argument("--debug", action="store_true", help="use target/debug (for a quick look, not for figures)")
+    p.add_argument("--before", help="a target/release folder of another build to take turns with")
     results.add_options(p)
     args = p.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: it adds a user and runs the daemon with CAP_SETUID/CAP_SETGID")
-    larderd, larder = binary("larderd", args.debug), binary("larder", args.debug)
+    builds = [("this", binary("larderd", args.debug), binary("larder", args.debug))]
+    if args.before:
+        before = pathlib.Path(args.before)
+        builds.append(("before", str(before / "larderd"), str(before / "larder")))
     user = f"lbench{os.getpid() % 100000}"
     subprocess.run(["useradd", "-M", "-N", "-g", "nogroup", "-s", "/usr/sbin/nologin", user], check=True)
-    daemon = None
+    daemons = []
+    setups = []
     try:
         uid = pwd.getpwnam(user).pw_uid
         with tempfile.TemporaryDirectory() as tmp:
@@ -98,52 +132,54 @@ def main() -> int:
                 for name in dirs + files:
                     os.chown(os.path.join(dirpath, name), uid, -1)
             os.chown(data, uid, -1)
-            socket = root / "larder.sock"
-            config = root / "larder.toml"
-            config.write_text(
-                f'unix_socket = "{socket}"\nunix_socket_mode = 0o666\nstate_dir = "{root / "state"}"\n'
-                f'[scratch]\nenabled = false\n[memory]\nbudget_bytes = 67108864\n'
-                f'[[dataset]]\nname = "jpeg-daemon"\nkind = "images"\npath = "{data / "jpegs"}"\n'
-                f'[[dataset]]\nname = "hdf5-daemon"\nkind = "hdf5"\npath = "{data / "arrays.h5"}"\n'
-                f'samples = "images"\nlabels = "labels"\n')
-            daemon = subprocess.Popen([larderd, "--config", str(config)], stderr=subprocess.DEVNULL)
-            deadline = time.time() + 60
-            while not socket.exists():
-                if time.time() > deadline or daemon.poll() is not None:
-                    sys.exit("larderd did not start")
-                time.sleep(0.05)
-            for name, path, extra in [("jpeg", data / "jpegs", []),
-                                      ("hdf5", data / "arrays.h5", ["--labels", "labels"])]:
-                subprocess.run(["setpriv", f"--reuid={uid}", "--regid=65534", "--init-groups", "--",
-                                larder, "--addr", f"unix:{socket}", "add", name, str(path), *extra],
-                               check=True, capture_output=True, timeout=600)
-            setups = [("jpeg", "jpeg-daemon", 0, "in the daemon"), ("jpeg", f"{user}/jpeg", uid, "in a reader"),
-                      ("hdf5", "hdf5-daemon", 0, "in the daemon"), ("hdf5", f"{user}/hdf5", uid, "in a reader")]
-            runs = {s[1]: [] for s in setups}
+            sockets = {}
+            for build, larderd, larder in builds:
+                (root / build).mkdir()
+                os.chmod(root / build, 0o755)
+                daemon, socket = start_daemon(root / build, data, larderd, larder, uid)
+                daemons.append(daemon)
+                sockets[build] = (socket, larder)
+                setups += [(build, "jpeg", "jpeg-daemon", 0, "in the daemon"),
+                           (build, "jpeg", f"{user}/jpeg", uid, "in a reader"),
+                           (build, "hdf5", "hdf5-daemon", 0, "in the daemon"),
+                           (build, "hdf5", f"{user}/hdf5", uid, "in a reader")]
+            runs = {(s[0], s[2]): [] for s in setups}
             for r in range(args.rounds):
                 order = setups if r % 2 == 0 else setups[::-1]
-                for _, name, who, _ in order:
-                    runs[name].append(bench(larder, socket, name, who))
-                print(f"round {r + 1}: " + ", ".join(f"{n} {v[-1][0]:.0f}/s" for n, v in runs.items()), flush=True)
+                for build, _, name, who, _ in order:
+                    socket, larder = sockets[build]
+                    runs[(build, name)].append(bench(larder, socket, name, who))
+                print(f"round {r + 1}: " + ", ".join(f"{b} {n} {v[-1][0]:.0f}/s" for (b, n), v in runs.items()),
+                      flush=True)
     finally:
-        if daemon is not None:
+        for daemon in daemons:
             daemon.terminate()
             daemon.wait()
         subprocess.run(["userdel", user], check=False)
     rows = []
-    for data_kind, name, _, where in setups:
-        per_s = statistics.median(v[0] for v in runs[name])
-        mb_s = statistics.median(v[1] for v in runs[name])
-        rows.append({"data": data_kind, "setup": where, "samples_per_s": per_s, "us_per_sample": 1e6 / per_s,
-                     "mb_per_s": mb_s, "rounds": [v[0] for v in runs[name]]})
-    for kind in ("jpeg", "hdf5"):
-        a, b = [r for r in rows if r["data"] == kind]
-        b["vs_daemon"] = b["samples_per_s"] / a["samples_per_s"]
-    print(f"\n{'data':<6} {'read and decoded':<16} {'samples/s':>10} {'us/sample':>10} {'MB/s':>8} {'vs daemon':>10}")
+    for build, data_kind, name, _, where in setups:
+        v = runs[(build, name)]
+        per_s = statistics.median(x[0] for x in v)
+        mb_s = statistics.median(x[1] for x in v)
+        rows.append({"build": build, "data": data_kind, "setup": where, "samples_per_s": per_s,
+                     "us_per_sample": 1e6 / per_s, "mb_per_s": mb_s, "rounds": [x[0] for x in v]})
+    for build, *_ in builds:
+        for kind in ("jpeg", "hdf5"):
+            a, b = [r for r in rows if r["data"] == kind and r["build"] == build]
+            b["vs_daemon"] = b["samples_per_s"] / a["samples_per_s"]
+    if len(builds) > 1:
+        for r in rows:
+            if r["build"] == "this":
+                old = next(o for o in rows if o["build"] == "before" and o["data"] == r["data"]
+                           and o["setup"] == r["setup"])
+                r["vs_before"] = r["samples_per_s"] / old["samples_per_s"]
+    print(f"\n{'build':<7} {'data':<6} {'read and decoded':<16} {'samples/s':>10} {'us/sample':>10} {'MB/s':>8} "
+          f"{'vs daemon':>10} {'vs before':>10}")
     for r in rows:
         vs = f"{r['vs_daemon']:.2f}x" if "vs_daemon" in r else ""
-        print(f"{r['data']:<6} {r['setup']:<16} {r['samples_per_s']:>10.0f} {r['us_per_sample']:>10.0f} "
-              f"{r['mb_per_s']:>8.1f} {vs:>10}")
+        vb = f"{r['vs_before']:.2f}x" if "vs_before" in r else ""
+        print(f"{r['build']:<7} {r['data']:<6} {r['setup']:<16} {r['samples_per_s']:>10.0f} "
+              f"{r['us_per_sample']:>10.0f} {r['mb_per_s']:>8.1f} {vs:>10} {vb:>10}")
     results.save("readers", args, rows)
     return 0
 

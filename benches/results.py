@@ -318,9 +318,10 @@ def plot_frameworks(data, ax):
 def plot_readers(data, ax):
     rows = data["rows"]
     kinds = list(dict.fromkeys(r["data"] for r in rows))
-    setups = list(dict.fromkeys(r["setup"] for r in rows))
-    series = {s: [next((r["samples_per_s"] for r in rows if r["data"] == k and r["setup"] == s), 0)
-                  for k in kinds] for s in setups}
+    setups = list(dict.fromkeys((r.get("build", "this"), r["setup"]) for r in rows))
+    series = {(f"{s} ({b} build)" if len(setups) > 2 else s):
+              [next((r["samples_per_s"] for r in rows if r["data"] == k and r["setup"] == s
+                     and r.get("build", "this") == b), 0) for k in kinds] for b, s in setups}
     _bars(ax, kinds, series)
     ax.set_ylabel("samples/s, cold epoch (median of rounds)")
     return "Read and decoded in the daemon or in a reader as the files' owner"
