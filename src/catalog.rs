@@ -619,6 +619,13 @@ pub async fn open_dataset(job: &Job, with: &OpenWith) -> Result<Dataset> {
     };
     let opened = match remote {
         Some((launcher, user)) => {
+            // Two of a user's datasets open at once (a reader each): a user adding many at
+            // once waits for their own.
+            static OPENS: std::sync::OnceLock<crate::turns::Turns> = std::sync::OnceLock::new();
+            let _turn = OPENS
+                .get_or_init(|| crate::turns::Turns::new(2))
+                .take(user.uid as u64)
+                .await;
             let charge_to = (&with.account, payer);
             crate::privsep::remote::open(launcher, user, c, &limits, found, charge_to).await?
         }

@@ -28,6 +28,7 @@ pub mod source;
 pub mod store;
 pub mod synthetic;
 pub mod tiers;
+pub mod turns;
 pub mod user_datasets;
 pub mod workers;
 

@@ -200,7 +200,7 @@ pub struct Limits {
     #[serde(default = "default_idle_connection_seconds")]
     pub idle_connection_seconds: u64,
     /// Streams' plans one user may have built at once (a plan is built off the async
-    /// threads; more wait their turn). Default 2.
+    /// threads, a core's work while it lasts; more wait their turn). Default 1.
     #[serde(default = "default_plans_per_user")]
     pub plans_per_user: u32,
 }
@@ -234,7 +234,7 @@ fn default_idle_connection_seconds() -> u64 {
 }
 
 fn default_plans_per_user() -> u32 {
-    2
+    1
 }
 
 fn default_max_image_pixels() -> u64 {

@@ -202,10 +202,15 @@ fn open_dataset(fd: RawFd, m: &wire::Message, found: &Arc<AtomicU64>) -> Result<
     let s = &opened.source;
     // One number when every sample takes the same (looked at without a list of them: a
     // dataset of 10^8 samples costs this process nothing for it), else four bytes each.
-    let first = if s.len() == 0 { 0 } else { s.disk_bytes_of(0) };
-    let (sizes, memfd) = match (1..s.len()).all(|i| s.disk_bytes_of(i) == first) {
-        true => (Sizes::Each(first), None),
-        false => {
+    let each = s.disk_bytes_each().or_else(|| {
+        let first = if s.len() == 0 { 0 } else { s.disk_bytes_of(0) };
+        (1..s.len())
+            .all(|i| s.disk_bytes_of(i) == first)
+            .then_some(first)
+    });
+    let (sizes, memfd) = match each {
+        Some(n) => (Sizes::Each(n), None),
+        None => {
             let bytes: Vec<u8> = (0..s.len())
                 .flat_map(|i| (s.disk_bytes_of(i).min(u32::MAX as u64) as u32).to_le_bytes())
                 .collect();

@@ -1011,6 +1011,13 @@ impl RawSource for RemoteSource {
         self.meta.disk_bytes
     }
 
+    fn disk_bytes_each(&self) -> Option<u64> {
+        match &self.sizes {
+            SampleSizes::Each(n) => Some(*n),
+            SampleSizes::PerSample(_) => None,
+        }
+    }
+
     fn disk_bytes_of(&self, index: u64) -> u64 {
         match &self.sizes {
             SampleSizes::Each(n) => *n,

@@ -4,9 +4,9 @@
 //! runtime); a check that failed stands for [`DENIAL_TTL`] for the same user, dataset and
 //! root stamp, so asking again and again costs no more children.
 
-use super::turns::Turns;
 use crate::access::{self, Caller};
 use crate::catalog::Dataset;
+use crate::turns::Turns;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};

@@ -19,7 +19,6 @@ pub mod reload;
 mod service;
 pub mod shm;
 pub mod shutdown;
-mod turns;
 
 pub use daemon::Daemon;
 pub use service::Service;

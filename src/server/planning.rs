@@ -18,7 +18,7 @@ type OrderKey = (Payer, u32, u64, u64, Option<NodeSplit>);
 
 pub struct Planning {
     account: Arc<Footprint>,
-    turns: super::turns::Turns,
+    turns: crate::turns::Turns,
     orders: Mutex<HashMap<OrderKey, Weak<Charge>>>,
 }
 
@@ -32,7 +32,7 @@ impl Planning {
     pub fn new(account: Arc<Footprint>, plans_per_user: u32) -> Planning {
         Planning {
             account,
-            turns: super::turns::Turns::new(plans_per_user as usize),
+            turns: crate::turns::Turns::new(plans_per_user as usize),
             orders: Mutex::default(),
         }
     }

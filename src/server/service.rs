@@ -696,9 +696,9 @@ impl Larder for Service {
         }
         // Looked at as the caller (a child as them, two of theirs at once at most): a path
         // they cannot see names no kind for them.
-        static TURNS: std::sync::OnceLock<super::turns::Turns> = std::sync::OnceLock::new();
+        static TURNS: std::sync::OnceLock<crate::turns::Turns> = std::sync::OnceLock::new();
         let _turn = TURNS
-            .get_or_init(|| super::turns::Turns::new(2))
+            .get_or_init(|| crate::turns::Turns::new(2))
             .take(id.uid as u64)
             .await;
         let id = id.clone();

@@ -1063,6 +1063,10 @@ impl RawSource for HfSource {
         self.batches.iter().map(|b| b.body_len).sum()
     }
 
+    fn disk_bytes_each(&self) -> Option<u64> {
+        None
+    }
+
     fn disk_bytes_of(&self, index: u64) -> u64 {
         let k = self
             .batches

@@ -481,6 +481,10 @@ impl RawSource for ImageFolderSource {
         self.disk_bytes
     }
 
+    fn disk_bytes_each(&self) -> Option<u64> {
+        None
+    }
+
     fn disk_bytes_of(&self, index: u64) -> u64 {
         self.sizes.get(index as usize).copied().unwrap_or(0)
     }

@@ -541,6 +541,10 @@ impl RawSource for LmdbSource {
         self.values.iter().map(|v| v.1).sum()
     }
 
+    fn disk_bytes_each(&self) -> Option<u64> {
+        None
+    }
+
     fn disk_bytes_of(&self, index: u64) -> u64 {
         let n = self.names.len();
         self.values

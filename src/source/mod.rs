@@ -386,6 +386,11 @@ pub trait RawSource: Send + Sync {
     fn disk_bytes_of(&self, _index: u64) -> u64 {
         self.disk_bytes() / self.len().max(1)
     }
+    /// The bytes every sample takes on disk, when all take the same (known without looking at
+    /// each: a source whose `disk_bytes_of` varies says None).
+    fn disk_bytes_each(&self) -> Option<u64> {
+        Some(self.disk_bytes() / self.len().max(1))
+    }
     /// Human-readable description, e.g. "hdf5:/data/x.h5#images,labels".
     fn describe(&self) -> String;
     /// Names sample `index` in messages (its file, for image folders).

@@ -75,6 +75,10 @@ impl RawSource for AsOwner {
         self.inner.disk_bytes_of(index)
     }
 
+    fn disk_bytes_each(&self) -> Option<u64> {
+        self.inner.disk_bytes_each()
+    }
+
     fn describe(&self) -> String {
         self.inner.describe()
     }

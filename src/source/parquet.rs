@@ -388,6 +388,10 @@ impl RawSource for ParquetSource {
         self.groups.iter().map(|g| g.bytes).sum()
     }
 
+    fn disk_bytes_each(&self) -> Option<u64> {
+        None
+    }
+
     fn disk_bytes_of(&self, index: u64) -> u64 {
         let k = self
             .groups

@@ -729,6 +729,10 @@ impl RawSource for WdsSource {
             .sum()
     }
 
+    fn disk_bytes_each(&self) -> Option<u64> {
+        None
+    }
+
     fn disk_bytes_of(&self, index: u64) -> u64 {
         self.samples
             .get(index as usize)
