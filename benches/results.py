@@ -374,7 +374,9 @@ def plot_objects(data, ax):
 
 def plot_tenancy(data, ax):
     rows = data["rows"]
-    _bars(ax, [r["condition"].replace(", ", ",\n") for r in rows],
+    import textwrap
+
+    _bars(ax, [textwrap.fill(r["condition"], 14) for r in rows],
           {"alice's cold epoch, against bob idle": [r["vs_idle"] for r in rows]})
     ax.axhline(1.5, color="grey", linestyle="--", label="1.5x")
     ax.set_ylabel("alice's cold epoch / with bob idle (median of rounds)")
