@@ -12,10 +12,13 @@ where root may; a fresh daemon):
   - torchvision: ImageFolder with RandomResizedCrop(224) + RandomHorizontalFlip + ToTensor +
     Normalize, DataLoader(shuffle=True, num_workers=the cores, pin_memory=True,
     persistent_workers=True), `x.cuda(non_blocking=True)` (pytorch/examples' ImageNet recipe);
+  - torchvision done carefully: the same, but uint8 through the workers (PILToTensor) and
+    `to_float(images, "cuda", mean, std)` on the GPU, as larder's rows do;
   - larder, its recommended setup: the folder as an `images` dataset (resize 256, crop 224; the
     train pipeline's random-resized crop + flip per sample), LarderIterableDataset(
     pipeline="train", pin_memory=True), DataLoader(batch_size=None, num_workers=0), to_float(
-    images, "cuda", mean, std).
+    images, "cuda", mean, std), with the folder read in the daemon's own process and, as the
+    package ships (`reader_user` set), by readers as `nobody` (--reader-user).
 Per epoch: images/s; the GPU's busy share (the CUDA-event time of each step's GPU work, copy
 included, over the epoch's wall time; NVML's utilization beside it); the loop's wait share (its
 time in `next()` over the wall time; for larder also the input stats' wait ratio).
@@ -193,6 +196,8 @@ def main():
     p.add_argument("--workers", type=int, default=os.cpu_count(), help="the DataLoader's (default: the cores)")
     p.add_argument("--steps", type=int, default=None, help="at most this many steps an epoch (smoke runs)")
     p.add_argument("--seconds", type=float, default=330, help="no round starts after this many seconds")
+    p.add_argument("--reader-user", default="nobody",
+                   help="the readers' user for the shipped configuration's row ('' for none)")
     results.add_options(p)
     args = p.parse_args()
     began = time.perf_counter()
@@ -200,6 +205,7 @@ def main():
     gpu = torch.cuda.get_device_name(0) if device.type == "cuda" else "none"
     log(f"torch {torch.__version__}, torchvision {torchvision.__version__}, {os.cpu_count()} cores, GPU: {gpu}")
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="larder-gpu-"))
+    os.chmod(tmp, 0o755)  # the readers' user reads the photos beneath it
     folder = tmp / "photos"
     disk = write_photos(folder, args.images)
     log(f"{args.images} JPEGs of 500x375, {disk / args.images / 1e3:.0f} kB each on average, "
@@ -220,6 +226,9 @@ def main():
     tv_tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
                                 transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
 
+    tv_careful_tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+                                        transforms.PILToTensor()])
+
     def tv_to_device(images, labels):
         return (images.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last),
                 labels.to(device, non_blocking=True))
@@ -239,18 +248,27 @@ def main():
             + (f" (input stats {row['input_stats_wait_ratio']:.1%})" if row.get("input_stats_wait_ratio") is not None
                else ""))
 
-    def torchvision_round(r):
-        loader = DataLoader(datasets.ImageFolder(str(folder), transform=tv_tf), batch_size=args.batch,
-                            shuffle=True, num_workers=args.workers, pin_memory=device.type == "cuda",
-                            persistent_workers=True, drop_last=False)
+    def torchvision_round(r, careful=False):
+        loader = DataLoader(datasets.ImageFolder(str(folder), transform=tv_careful_tf if careful else tv_tf),
+                            batch_size=args.batch, shuffle=True, num_workers=args.workers,
+                            pin_memory=device.type == "cuda", persistent_workers=True, drop_last=False)
         dropped = drop_caches()
+        setup = ("torchvision, uint8 workers, normalized on the GPU" if careful
+                 else "torchvision ImageFolder + DataLoader")
         for epoch in (1, 2):
-            record("torchvision ImageFolder + DataLoader", r, epoch, dropped and epoch == 1,
-                   trainer.epoch(loader, tv_to_device, args.steps))
+            record(setup, r, epoch, dropped and epoch == 1,
+                   trainer.epoch(loader, larder_to_device if careful else tv_to_device, args.steps))
         del loader
 
-    def larder_round(r):
-        d = Larderd(args.larderd, tmp, f"larder{r}", folder, budget)
+    def careful_round(r):
+        torchvision_round(r, careful=True)
+
+    def readers_round(r):
+        larder_round(r, args.reader_user)
+
+    def larder_round(r, reader_user=None):
+        d = Larderd(args.larderd, tmp, f"larder{r}{'r' if reader_user else ''}", folder, budget,
+                    reader_user=reader_user)
         try:
             # The cold epoch of a daemon that has opened the folder (listed it and read each
             # JPEG's header, as a daemon started at boot has), its caches empty.
@@ -261,7 +279,8 @@ def main():
                                        pin_memory=device.type == "cuda")
             loader = DataLoader(ds, batch_size=None, num_workers=0)
             for epoch in (1, 2):
-                record("larder (pinned ring)", r, epoch, dropped and epoch == 1,
+                record("larder, readers (shipped), pinned ring" if reader_user
+                       else "larder, in the daemon, pinned ring", r, epoch, dropped and epoch == 1,
                        {**trainer.epoch(loader, larder_to_device, args.steps, stats=ds.input_stats),
                         "open_seconds": opened})
             del loader, ds
@@ -276,7 +295,8 @@ def main():
         if r and time.perf_counter() - began > args.seconds:
             log(f"round {r} not started: {args.seconds:.0f} s have passed")
             break
-        for run in ((torchvision_round, larder_round) if r % 2 == 0 else (larder_round, torchvision_round)):
+        turns = [torchvision_round, careful_round, larder_round] + ([readers_round] if args.reader_user else [])
+        for run in (turns if r % 2 == 0 else turns[::-1]):
             try:
                 run(r)
             except Exception:
@@ -299,9 +319,9 @@ def main():
                           "ceiling_share": med["images_per_s"] / ceiling["images_per_s"]})
     print(f"\n{gpu}, {os.cpu_count()} cores, {args.arch}, batch {args.batch}; the loop on data already on "
           f"the GPU: {ceiling['images_per_s']:.0f} images/s. Medians of {args.rounds} rounds.")
-    print(f"{'':<38} {'epoch':>5} {'images/s':>9} {'of ceiling':>10} {'GPU busy':>9} {'loop waits':>10}")
+    print(f"{'':<50} {'epoch':>5} {'images/s':>9} {'of ceiling':>10} {'GPU busy':>9} {'loop waits':>10}")
     for row in table:
-        print(f"{row['setup']:<38} {row['epoch']:>5} {row['images_per_s']:>9.0f} {row['ceiling_share']:>10.0%} "
+        print(f"{row['setup']:<50} {row['epoch']:>5} {row['images_per_s']:>9.0f} {row['ceiling_share']:>10.0%} "
               f"{row.get('gpu_busy_share', 0):>9.0%} {row['wait_share']:>10.1%}")
     results.save("gpu", args, table, runs=runs, ceiling=ceiling, gpu=gpu, image_kb=disk / args.images / 1e3,
                  torch=torch.__version__, torchvision=torchvision.__version__)

@@ -112,12 +112,16 @@ def median_rate(epochs, batches_of) -> float:
 class Larderd:
     """A fresh larderd (empty scratch tier) serving the folder as "pics"."""
 
-    def __init__(self, binary, tmp: pathlib.Path, name: str, folder: pathlib.Path, budget: int):
+    def __init__(self, binary, tmp: pathlib.Path, name: str, folder: pathlib.Path, budget: int,
+                 reader_user: str | None = None):
+        """`reader_user`: the config's datasets read by readers as that user (the package's
+        setting), else in the daemon's own process."""
         self.dir = tmp / name
         self.dir.mkdir()
         self.socket = self.dir / "larder.sock"
+        readers = f'reader_user = "{reader_user}"\n' if reader_user else ""
         (self.dir / "larder.toml").write_text(
-            f'unix_socket = "{self.socket}"\n[scratch]\ndir = "{self.dir / "scratch"}"\n'
+            f'unix_socket = "{self.socket}"\n{readers}[scratch]\ndir = "{self.dir / "scratch"}"\n'
             f"[memory]\nbudget_bytes = {budget}\nmessage_bytes = {256 << 20}\n"
             f'[[dataset]]\nname = "pics"\ntcp = true\nkind = "images"\npath = "{folder}"\nresize = 256\ncrop = 224\n'
             "[dataset.train]\n"

@@ -228,15 +228,15 @@ impl Dataset {
         Ok((self.prepare(index, raw)?, bytes))
     }
 
-    /// Samples `start..start + count` from the reader that prepares them (a dataset whose
+    /// Samples of `ranges` (start, count) from the reader that prepares them (a dataset whose
     /// source is `prepared`), awaited: each its record or why not (the sample's failure named
-    /// with the dataset), with the raw bytes read.
-    pub async fn load_prepared(&self, start: u64, count: u64) -> Result<crate::source::Loaded> {
+    /// with the dataset), in order, with the raw bytes read.
+    pub async fn load_prepared(&self, ranges: &[(u64, u64)]) -> Result<crate::source::Loaded> {
         let p = self
             .source
             .prepared()
             .context("a dataset read in the daemon awaited as one a reader prepares")?;
-        let mut loaded = p.load(start, count).await?;
+        let mut loaded = p.load(ranges).await?;
         let name = &self.name;
         loaded.records = std::mem::take(&mut loaded.records)
             .into_iter()

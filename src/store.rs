@@ -24,17 +24,23 @@ use tokio::sync::mpsc;
 /// A fetch in flight: the sample's bytes, or None for a sample skipped as bad.
 type Fetch = Shared<BoxFuture<'static, Result<Option<(Bytes, Tier)>, Arc<anyhow::Error>>>>;
 
-/// A granule of a dataset a reader prepares, being read: its records (each, or why not) and
-/// the raw bytes read, or why none could be had (the reader failed).
-type GranuleFetch = Shared<BoxFuture<'static, Result<Arc<Granule>, Arc<anyhow::Error>>>>;
+/// What a batch of misses of a dataset a reader prepares came to: each sample's bytes and the
+/// tier it came from (None: skipped as bad), or the sample's error; or why none could be had
+/// (the reader failed).
+type Batched = Result<Arc<HashMap<u64, SampleResult>>, Arc<anyhow::Error>>;
+type SampleResult = Result<Option<(Bytes, Tier)>, Arc<anyhow::Error>>;
 
-/// A granule's records as a reader prepared them, charged to its owner while held.
-struct Granule {
-    start: u64,
-    records: Vec<Result<Bytes, Arc<anyhow::Error>>>,
+/// Samples of a dataset a reader prepares, read in one request: each its record or why not,
+/// and the raw bytes read; or why none could be had.
+type Read = Shared<BoxFuture<'static, Result<Arc<Part>, Arc<anyhow::Error>>>>;
+
+struct Part {
+    records: Vec<(u64, Result<Bytes, Arc<anyhow::Error>>)>,
     raw_bytes: u64,
-    _held: Vec<crate::footprint::Charge>,
 }
+
+/// A range being read from a dataset's reader: (dataset, (first sample, samples)).
+type Reading = (u32, (u64, u64));
 
 pub struct Store {
     pub memory: Arc<MemoryTier>,
@@ -51,10 +57,9 @@ pub struct Store {
     /// others that need it wait, then find their samples in the scratch tier (a dataset read
     /// in this process).
     granule_locks: Arc<[Mutex<()>]>,
-    /// The granules of datasets readers prepare being read now, by (dataset, first sample,
-    /// samples):
-    /// every sample of one is awaited from that one request (no lock held across the wait).
-    granules: Mutex<HashMap<(u32, u64, u64), GranuleFetch>>,
+    /// The ranges of datasets readers prepare being read now, by (dataset, range): a call
+    /// whose misses are in one waits for that read rather than reading the range again.
+    reading: Mutex<HashMap<Reading, Read>>,
     /// Every lookup, when a benchmark asked for it (`LARDER_TRACE`).
     trace: std::sync::OnceLock<Trace>,
     /// The next epochs of nodes' parts being read ahead, or read (`prefetch_next_epoch`).
@@ -97,7 +102,7 @@ impl Store {
             inflight: Mutex::new(HashMap::new()),
             workers: Arc::new(Workers::new(workers).context("starting the preprocessing threads")?),
             granule_locks: (0..GRANULE_LOCKS).map(|_| Mutex::new(())).collect(),
-            granules: Mutex::default(),
+            reading: Mutex::default(),
             trace: std::sync::OnceLock::new(),
             prefetches: Mutex::new(HashSet::new()),
             prefetch_turn: tokio::sync::Semaphore::new(1),
@@ -228,61 +233,306 @@ impl Store {
     /// The preprocessed bytes of sample `index` of `ds`; None when the sample is skipped because
     /// its files do not read or decode (on_error = "skip").
     pub async fn get(self: &Arc<Self>, ds: &Arc<Dataset>, index: u64) -> Result<Option<Bytes>> {
-        Ok(self.get_from(ds, index).await?.map(|(data, _)| data))
+        let mut got = self.get_many(ds, &[index]).await?;
+        Ok(got.pop().flatten().map(|(data, _)| data))
     }
 
-    /// As `get`, with the tier the bytes came from (for a sample another stream was already
-    /// fetching, the tier that fetch read).
-    pub async fn get_from(
+    /// The preprocessed bytes of samples `indices` of `ds`, in order, each with the tier it came
+    /// from (for a sample another stream was already fetching, the tier that fetch read); None
+    /// for a sample skipped because its files do not read or decode (on_error = "skip").
+    ///
+    /// Each miss is one fetch however many streams want it, and runs as a task of its own (it
+    /// finishes, and fills the tiers, even if every stream waiting on it goes away). A dataset
+    /// read in this process reads each miss on the pool; for one a reader prepares, the misses
+    /// of one call are one request to the reader (across granules) and one placement into the
+    /// tiers (`fetch_prepared`).
+    pub async fn get_many(
         self: &Arc<Self>,
         ds: &Arc<Dataset>,
-        index: u64,
-    ) -> Result<Option<(Bytes, Tier)>> {
-        let key = (ds.id, index);
-        if let Some(data) = self.memory.get(&key) {
-            self.record_hit(ds, Tier::Memory, data.len() as u64);
-            self.traced(key, Outcome::Hit);
-            return Ok(Some((data, Tier::Memory)));
-        }
-        if ds.is_bad(index) {
-            return Ok(None);
-        }
-        let fetch = {
+        indices: &[u64],
+    ) -> Result<Vec<Option<(Bytes, Tier)>>> {
+        let mut waits: Vec<Option<Fetch>> = Vec::with_capacity(indices.len());
+        let mut ready: Vec<Option<Option<(Bytes, Tier)>>> = vec![None; indices.len()];
+        let mut misses: Vec<u64> = vec![];
+        {
             let mut inflight = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
-            match inflight.get(&key) {
-                Some(f) => {
-                    self.metrics.record_coalesced();
-                    self.traced(key, Outcome::Joined);
-                    f.clone()
+            for (k, &index) in indices.iter().enumerate() {
+                let key = (ds.id, index);
+                // A fetch that finished between a miss and the lock has filled the memory
+                // tier before leaving `inflight`: the tier is looked at under the lock.
+                if let Some(data) = self.memory.get(&key) {
+                    self.record_hit(ds, Tier::Memory, data.len() as u64);
+                    self.traced(key, Outcome::Hit);
+                    ready[k] = Some(Some((data, Tier::Memory)));
+                    waits.push(None);
+                    continue;
                 }
-                None => {
-                    // A fetch that finished between our miss and taking the lock has filled
-                    // the memory tier before leaving `inflight`: look again.
-                    if let Some(data) = self.memory.peek(&key) {
-                        self.record_hit(ds, Tier::Memory, data.len() as u64);
-                        self.traced(key, Outcome::Hit);
-                        return Ok(Some((data, Tier::Memory)));
+                if ds.is_bad(index) {
+                    ready[k] = Some(None);
+                    waits.push(None);
+                    continue;
+                }
+                if let Some(f) = inflight.get(&key) {
+                    if !misses.contains(&index) {
+                        self.metrics.record_coalesced();
+                        self.traced(key, Outcome::Joined);
                     }
-                    self.traced(key, Outcome::Miss);
-                    // The fetch runs as its own task: it finishes (and fills the tiers) even if
-                    // every client waiting on it goes away, so a preprocessing job already queued
-                    // is never done for nothing.
-                    let task = tokio::spawn(self.clone().fetch(ds.clone(), index));
-                    let f = async move {
-                        task.await
-                            .unwrap_or_else(|e| Err(Arc::new(anyhow!("fetch task failed: {e}"))))
+                    waits.push(Some(f.clone()));
+                    continue;
+                }
+                self.traced(key, Outcome::Miss);
+                misses.push(index);
+                let f = match ds.source.prepared() {
+                    // Placed below, once every miss of the call is known.
+                    Some(_) => None,
+                    None => {
+                        let task = tokio::spawn(self.clone().fetch(ds.clone(), index));
+                        let f = async move {
+                            task.await.unwrap_or_else(|e| {
+                                Err(Arc::new(anyhow!("fetch task failed: {e}")))
+                            })
+                        }
+                        .boxed()
+                        .shared();
+                        inflight.insert(key, f.clone());
+                        Some(f)
                     }
-                    .boxed()
-                    .shared();
-                    inflight.insert(key, f.clone());
-                    f
+                };
+                waits.push(f);
+            }
+            if ds.source.prepared().is_some() && !misses.is_empty() {
+                // One task for the call's misses; each miss's fetch is its part of it.
+                let task = tokio::spawn(self.clone().fetch_prepared(ds.clone(), misses.clone()));
+                let batch = async move {
+                    task.await
+                        .unwrap_or_else(|e| Err(Arc::new(anyhow!("fetch task failed: {e}"))))
+                }
+                .boxed()
+                .shared();
+                for &index in &misses {
+                    let f = batch
+                        .clone()
+                        .map(move |b: Batched| match b {
+                            Ok(m) => m.get(&index).cloned().unwrap_or_else(|| {
+                                Err(Arc::new(anyhow!("sample {index} not fetched")))
+                            }),
+                            Err(e) => Err(e),
+                        })
+                        .boxed()
+                        .shared();
+                    inflight.insert((ds.id, index), f);
+                }
+                for (k, &index) in indices.iter().enumerate() {
+                    if ready[k].is_none() && waits[k].is_none() {
+                        waits[k] = inflight.get(&(ds.id, index)).cloned();
+                    }
                 }
             }
-        };
-        // The shared error, as an error of the same kind for this caller.
-        fetch
-            .await
-            .map_err(|e| Error::new(Error::kind_of(&e), format!("{e:#}")).into())
+        }
+        let mut out = Vec::with_capacity(indices.len());
+        for (k, wait) in waits.into_iter().enumerate() {
+            let got = match wait {
+                // The shared error, as an error of the same kind for this caller.
+                Some(f) => f.await.map_err(|e| {
+                    anyhow::Error::from(Error::new(Error::kind_of(&e), format!("{e:#}")))
+                })?,
+                None => ready[k].take().expect("ready or waited for"),
+            };
+            out.push(got);
+        }
+        Ok(out)
+    }
+
+    /// Samples `misses` of `ds` (a dataset a reader prepares): those in the scratch tier read
+    /// from it (one job on the pool), the rest asked of the reader in one request (whole
+    /// granules where the scratch tier takes them, so a shuffled epoch reads each granule
+    /// once), awaited here; then placed: every record read written to the scratch tier, the
+    /// asked ones offered to the memory tier, the bad ones marked.
+    async fn fetch_prepared(self: Arc<Self>, ds: Arc<Dataset>, misses: Vec<u64>) -> Batched {
+        /// Takes the misses out of `inflight` however the fetch ends (a panic included), after
+        /// the memory tier has them.
+        struct Done<'a>(&'a Store, u32, &'a [u64]);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                let mut inflight = self.0.inflight.lock().unwrap_or_else(|e| e.into_inner());
+                for &i in self.2 {
+                    inflight.remove(&(self.1, i));
+                }
+            }
+        }
+        let _done = Done(&self, ds.id, &misses);
+        let mut out: HashMap<u64, SampleResult> = HashMap::with_capacity(misses.len());
+        let scratch = self.scratch_of(&ds);
+        let mut rest = misses.clone();
+        if let Some(s) = scratch.clone() {
+            let held: Vec<u64> = rest.iter().copied().filter(|&i| s.contains(i)).collect();
+            if !held.is_empty() {
+                let read = self
+                    .workers
+                    .run_for(tenant(&ds), move || {
+                        held.into_iter().map(|i| (i, s.read(i))).collect::<Vec<_>>()
+                    })
+                    .await
+                    .map_err(Arc::new)?;
+                for (i, data) in read {
+                    // A corrupt record (counted) is read again from the reader below.
+                    if let Some(data) = data {
+                        let n = data.len() as u64;
+                        self.record_hit(&ds, Tier::Scratch, n);
+                        self.memory
+                            .insert((ds.id, i), data.clone(), ds.source.disk_bytes_of(i));
+                        out.insert(i, Ok(Some((data, Tier::Scratch))));
+                    }
+                }
+                rest.retain(|i| !out.contains_key(i));
+            }
+        }
+        if rest.is_empty() {
+            return Ok(Arc::new(out));
+        }
+        let ranges = ranges_for(&ds, scratch.as_deref(), &rest);
+        let wanted: std::collections::HashSet<u64> = rest.iter().copied().collect();
+        // A range another call is reading already (a granule its misses are in too) is waited
+        // for, not read again; the rest in loads of at most LOAD_SAMPLES samples (a larger
+        // granule alone), each read as a task of its own and shared while it runs.
+        let (mut parts, mut fresh) = (vec![], vec![]);
+        {
+            let reading = self.reading.lock().unwrap_or_else(|e| e.into_inner());
+            for &r in &ranges {
+                match reading.get(&(ds.id, r)) {
+                    Some(f) if !parts.iter().any(|(g, _): &(Read, bool)| g.ptr_eq(f)) => {
+                        parts.push((f.clone(), false))
+                    }
+                    Some(_) => {}
+                    None => fresh.push(r),
+                }
+            }
+        }
+        for part in chunks(&fresh, LOAD_SAMPLES) {
+            parts.push((self.read_part(&ds, scratch.clone(), part), true));
+        }
+        for (read, ours) in parts {
+            let part = read.await?;
+            if ours {
+                self.record_raw(&ds, part.raw_bytes, &part.records, &wanted);
+            }
+            for (i, record) in &part.records {
+                if !wanted.contains(i) || out.contains_key(i) {
+                    continue;
+                }
+                let got = match record {
+                    Ok(data) => {
+                        self.memory
+                            .insert((ds.id, *i), data.clone(), ds.source.disk_bytes_of(*i));
+                        // Read by another call's request: as a scratch hit would have been.
+                        if !ours {
+                            self.record_hit(&ds, Tier::Scratch, data.len() as u64);
+                        }
+                        Ok(Some((
+                            data.clone(),
+                            if ours { Tier::Raw } else { Tier::Scratch },
+                        )))
+                    }
+                    // The sample's own files failed: skipped, or the stream's error.
+                    Err(bad) if ds.skips(bad) => {
+                        ds.mark_bad(*i, bad);
+                        Ok(None)
+                    }
+                    Err(e) => Err(Arc::new(sample_error(e).into())),
+                };
+                out.insert(*i, got);
+            }
+        }
+        Ok(Arc::new(out))
+    }
+
+    /// Samples of `part` of `ds` read from its reader as a task of its own, shared (under
+    /// `reading`) while it runs: its records written to `scratch` (on the pool) before it is
+    /// done, what holding them is charged kept until then.
+    fn read_part(
+        self: &Arc<Self>,
+        ds: &Arc<Dataset>,
+        scratch: Option<Arc<ScratchTier>>,
+        part: Vec<(u64, u64)>,
+    ) -> Read {
+        let (store, ds2, ranges) = (self.clone(), ds.clone(), part.clone());
+        let task = tokio::spawn(async move {
+            /// Lets the part's ranges go from `reading` however the read ends.
+            struct Done<'a>(&'a Store, u32, &'a [(u64, u64)]);
+            impl Drop for Done<'_> {
+                fn drop(&mut self) {
+                    let mut reading = self.0.reading.lock().unwrap_or_else(|e| e.into_inner());
+                    for &r in self.2 {
+                        reading.remove(&(self.1, r));
+                    }
+                }
+            }
+            let _done = Done(&store, ds2.id, &ranges);
+            let loaded = ds2
+                .load_prepared(&ranges)
+                .await
+                .map_err(|e| Arc::new(anyhow::Error::from(sample_error(&e))))?;
+            let records: Vec<(u64, Result<Bytes, Arc<anyhow::Error>>)> = ranges
+                .iter()
+                .flat_map(|&(s, c)| s..s + c)
+                .zip(loaded.records)
+                .map(|(i, r)| (i, r.map(Bytes::from).map_err(Arc::new)))
+                .collect();
+            // Every record read to the scratch tier (a granule's other samples are scratch
+            // hits when their turn comes); what holding them is charged lasts until then.
+            if let Some(scratch) = scratch {
+                let written: Vec<(u64, Bytes)> = records
+                    .iter()
+                    .filter_map(|(i, r)| Some((*i, r.as_ref().ok()?.clone())))
+                    .collect();
+                let held = loaded.held;
+                let _ = store
+                    .workers
+                    .run_for(tenant(&ds2), move || {
+                        for (i, d) in written {
+                            if !scratch.contains(i) && !scratch.write(i, &d) {
+                                break; // the budget or the disk is full
+                            }
+                        }
+                        drop(held);
+                    })
+                    .await;
+            }
+            Ok(Arc::new(Part {
+                records,
+                raw_bytes: loaded.raw_bytes,
+            }))
+        });
+        let read: Read = async move {
+            task.await
+                .unwrap_or_else(|e| Err(Arc::new(anyhow!("a reader's read failed: {e}"))))
+        }
+        .boxed()
+        .shared();
+        let mut reading = self.reading.lock().unwrap_or_else(|e| e.into_inner());
+        for &r in &part {
+            reading.insert((ds.id, r), read.clone());
+        }
+        read
+    }
+
+    /// Counts the raw bytes of a part read for `ds` against the samples of it a stream asked
+    /// for (`wanted`), spread evenly.
+    fn record_raw(
+        &self,
+        ds: &Dataset,
+        raw_bytes: u64,
+        records: &[(u64, Result<Bytes, Arc<anyhow::Error>>)],
+        wanted: &std::collections::HashSet<u64>,
+    ) {
+        let asked: Vec<&(u64, _)> = records
+            .iter()
+            .filter(|(i, r)| wanted.contains(i) && r.is_ok())
+            .collect();
+        let share = raw_bytes / asked.len().max(1) as u64;
+        for _ in asked {
+            self.record_hit(ds, Tier::Raw, share);
+        }
     }
 
     async fn fetch(
@@ -313,136 +563,20 @@ impl Store {
         result
     }
 
-    /// The sample through the scratch and raw tiers: on the worker pool for a dataset read in
-    /// this process, awaited from its reader for one a reader prepares. The outer error is the
-    /// daemon's (the pool, or the reader); the inner one the sample's (its files do not read
-    /// or decode).
+    /// The sample through the scratch and raw tiers, on the worker pool (a dataset read in
+    /// this process). The outer error is the daemon's (the pool); the inner one the sample's
+    /// (its files do not read or decode).
     async fn load(
         self: &Arc<Self>,
         ds: &Arc<Dataset>,
         index: u64,
     ) -> Result<Result<(Bytes, Tier, u64)>> {
-        if ds.source.prepared().is_some() {
-            return self.load_prepared(ds, index).await;
-        }
         let (ds, locks, scratch) = (ds.clone(), self.granule_locks.clone(), self.scratch_of(ds));
         self.workers
             .run_for(tenant(&ds), move || {
                 load_blocking(&ds, scratch.as_deref(), &locks, index)
             })
             .await
-    }
-
-    /// Sample `index` of a dataset a reader prepares: from the scratch tier (a read on the
-    /// pool), else with the rest of its granule from the reader, awaited here (the granule's
-    /// other samples go to the scratch tier, so their own misses later are scratch hits).
-    async fn load_prepared(
-        self: &Arc<Self>,
-        ds: &Arc<Dataset>,
-        index: u64,
-    ) -> Result<Result<(Bytes, Tier, u64)>> {
-        let scratch = self.scratch_of(ds);
-        if let Some(s) = scratch.clone().filter(|s| s.contains(index)) {
-            if let Some(data) = self
-                .workers
-                .run_for(tenant(ds), move || s.read(index))
-                .await?
-            {
-                let n = data.len() as u64;
-                return Ok(Ok((data, Tier::Scratch, n)));
-            }
-        }
-        let granule = ds.source.read_granule().max(1);
-        let (start, count) = match &scratch {
-            Some(s) if granule > 1 && s.accepts_writes(index) => {
-                let start = index / granule * granule;
-                (start, granule.min(ds.len() - start))
-            }
-            _ => (index, 1),
-        };
-        let (fetch, first) = self.granule_fetch(ds, scratch, start, count);
-        let g = fetch
-            .await
-            .map_err(|e| anyhow::Error::from(Error::new(Error::kind_of(&e), format!("{e:#}"))))?;
-        let record = g.records[(index - g.start) as usize].clone();
-        Ok(match record {
-            // The sample that read the granule counts its raw bytes; the others of it would
-            // have been scratch hits.
-            Ok(data) if first => Ok((data, Tier::Raw, g.raw_bytes)),
-            Ok(data) => {
-                let n = data.len() as u64;
-                Ok((data, Tier::Scratch, n))
-            }
-            Err(e) => Err(Error::new(Error::kind_of(&e), format!("{e:#}")).into()),
-        })
-    }
-
-    /// The read of samples `start..start + count` of `ds` from its reader: the one in flight,
-    /// or a new one (then true), whose records are written to `scratch` before it is done.
-    fn granule_fetch(
-        self: &Arc<Self>,
-        ds: &Arc<Dataset>,
-        scratch: Option<Arc<ScratchTier>>,
-        start: u64,
-        count: u64,
-    ) -> (GranuleFetch, bool) {
-        let key = (ds.id, start, count);
-        let mut granules = self.granules.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = granules.get(&key) {
-            return (f.clone(), false);
-        }
-        let (store, ds) = (self.clone(), ds.clone());
-        let read = async move {
-            let loaded = ds.load_prepared(start, count).await;
-            let granule = match loaded {
-                Ok(loaded) => {
-                    let records: Vec<Result<Bytes, Arc<anyhow::Error>>> = loaded
-                        .records
-                        .into_iter()
-                        .map(|r| r.map(Bytes::from).map_err(Arc::new))
-                        .collect();
-                    let granule = Arc::new(Granule {
-                        start,
-                        records,
-                        raw_bytes: loaded.raw_bytes,
-                        _held: loaded.held,
-                    });
-                    if let Some(scratch) = scratch {
-                        let g = granule.clone();
-                        let _ = store
-                            .workers
-                            .run_for(tenant(&ds), move || {
-                                for (i, r) in (g.start..).zip(&g.records) {
-                                    if let Ok(d) = r {
-                                        if !scratch.contains(i) && !scratch.write(i, d) {
-                                            break; // the budget or the disk is full
-                                        }
-                                    }
-                                }
-                            })
-                            .await;
-                    }
-                    Ok(granule)
-                }
-                Err(e) => Err(Arc::new(e)),
-            };
-            store
-                .granules
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&(ds.id, start, count));
-            granule
-        };
-        // Its own task: it finishes (and fills the scratch tier) even if every waiter goes.
-        let task = tokio::spawn(read);
-        let f = async move {
-            task.await
-                .unwrap_or_else(|e| Err(Arc::new(anyhow!("a reader's read failed: {e}"))))
-        }
-        .boxed()
-        .shared();
-        granules.insert(key, f.clone());
-        (f, true)
     }
 
     /// Preprocesses every sample of `ds` missing from its scratch tier into it, reporting
@@ -511,7 +645,7 @@ impl Store {
         if missing.is_empty() {
             return Ok(Chunk::present(count));
         }
-        let loaded = ds.load_prepared(start, count).await?;
+        let loaded = ds.load_prepared(&[(start, count)]).await?;
         let raw_bytes = loaded.raw_bytes;
         let prepared = (start..)
             .zip(loaded.records)
@@ -642,6 +776,56 @@ fn new_granules(ds: &Dataset, part: &Prefetch) -> Vec<u64> {
 fn granule_lock(locks: &[Mutex<()>], dataset: u32, granule: u64) -> std::sync::MutexGuard<'_, ()> {
     let stripe = (granule + 7 * dataset as u64) as usize % locks.len();
     locks[stripe].lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The most samples one request to a reader asks for (a granule larger than that alone).
+const LOAD_SAMPLES: u64 = 1024;
+
+/// `ranges` in parts of at most `most` samples each (a larger range alone).
+fn chunks(ranges: &[(u64, u64)], most: u64) -> Vec<Vec<(u64, u64)>> {
+    let mut out: Vec<Vec<(u64, u64)>> = vec![];
+    let mut held = 0;
+    for &r in ranges {
+        match out.last_mut() {
+            Some(part) if held + r.1 <= most => {
+                part.push(r);
+                held += r.1;
+            }
+            _ => {
+                out.push(vec![r]);
+                held = r.1;
+            }
+        }
+    }
+    out
+}
+
+/// The ranges of samples to ask a reader for, for the misses `rest` (sorted or not) of `ds`:
+/// the whole granules they are in where the scratch tier takes the others, else the misses
+/// alone (runs of neighbours as one range).
+fn ranges_for(ds: &Dataset, scratch: Option<&ScratchTier>, rest: &[u64]) -> Vec<(u64, u64)> {
+    let granule = ds.source.read_granule().max(1);
+    let whole = granule > 1 && scratch.is_some_and(|s| rest.iter().all(|&i| s.accepts_writes(i)));
+    let mut starts: Vec<(u64, u64)> = rest
+        .iter()
+        .map(|&i| match whole {
+            true => {
+                let start = i / granule * granule;
+                (start, granule.min(ds.len() - start))
+            }
+            false => (i, 1),
+        })
+        .collect();
+    starts.sort_unstable();
+    starts.dedup();
+    let mut ranges: Vec<(u64, u64)> = vec![];
+    for (start, count) in starts {
+        match ranges.last_mut() {
+            Some((s, c)) if *s + *c == start => *c += count,
+            _ => ranges.push((start, count)),
+        }
+    }
+    ranges
 }
 
 /// Whose turn on the pool a job for `ds` takes: its owner's (a user's datasets share one
@@ -876,4 +1060,20 @@ fn sample_error(e: &anyhow::Error) -> Error {
         _ => Kind::SourceIo,
     };
     Error::new(kind, format!("{e:#}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loads_are_parts_of_at_most_so_many_samples() {
+        let parts = chunks(&[(0, 3), (5, 2), (9, 10), (30, 1)], 5);
+        assert_eq!(
+            parts,
+            vec![vec![(0, 3), (5, 2)], vec![(9, 10)], vec![(30, 1)]]
+        );
+        let parts = chunks(&[(0, 1), (2, 1), (4, 1), (6, 4)], 3);
+        assert_eq!(parts, vec![vec![(0, 1), (2, 1), (4, 1)], vec![(6, 4)]]);
+    }
 }

@@ -141,3 +141,43 @@ fn larderd_fails_clearly_on_a_bad_config() {
         "{err}"
     );
 }
+
+/// The README's first command, `larder demo` (with fewer samples and epochs): it makes its
+/// datasets, starts a daemon, streams them and says every sample came exactly once.
+#[test]
+fn larder_demo_runs_end_to_end() {
+    let out = Command::new(env!("CARGO_BIN_EXE_larder"))
+        .args([
+            "demo",
+            "--samples",
+            "512",
+            "--clients",
+            "2",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "32",
+        ])
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{said}");
+    assert_eq!(
+        said.matches("every sample exactly once per client: ok")
+            .count(),
+        2,
+        "{said}"
+    );
+    assert!(said.contains("epoch 1: 1024 samples"), "{said}");
+    // The super-resolution pairs and the segmentation folder, one epoch each.
+    assert_eq!(
+        said.matches("one epoch, every sample exactly once: ok")
+            .count(),
+        2,
+        "{said}"
+    );
+}

@@ -3,7 +3,9 @@ datasets (save_to_disk), Parquet shards, WebDataset tars and BasicSR's LMDB envi
 written by the format's own library, served by a real larderd and compared byte for byte with
 what that library reads."""
 
+import os
 import pathlib
+import subprocess
 import time
 
 import numpy as np
@@ -574,3 +576,70 @@ def test_a_cold_shuffled_epoch_reads_each_raw_byte_about_once(tmp_path):
                         assert tiers["raw"][1] <= 1.3 * stored, tiers
         finally:
             d.stop()
+
+
+def test_the_libraries_default_layouts_open_and_serve_through_readers(request):
+    """WebDataset shards of 1,200 samples (webdataset's TarWriter), a Hugging Face dataset of
+    3,000 rows saved by save_to_disk (record batches of 1,000 rows) and the same rows written
+    by to_parquet (its writer's default row groups), served through readers as the shipped
+    config has it (as root, readers as `nobody`; else in the daemon): each opens, and every
+    sample comes once, as the format's own library reads it."""
+    wds = pytest.importorskip("webdataset")
+    datasets = pytest.importorskip("datasets")
+    import io
+    import shutil
+    import tempfile
+
+    from PIL import Image
+
+    # Where the readers' user (nobody, as root) may read.
+    root = pathlib.Path(tempfile.mkdtemp(prefix="larder-layouts-"))
+    root.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(root, ignore_errors=True))
+    rng = np.random.default_rng(12)
+    (root / "wds").mkdir()
+    n = 2400
+    for k in range(2):
+        with wds.TarWriter(str(root / "wds" / f"train-{k:06d}.tar")) as sink:
+            for i in range(k * 1200, (k + 1) * 1200):
+                buf = io.BytesIO()
+                Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(buf, format="PNG")
+                sink.write({"__key__": f"s{i:05d}", "png": buf.getvalue(), "cls": i % 7})
+    truth = list(wds.WebDataset(sorted(str(p) for p in (root / "wds").glob("*.tar")), shardshuffle=False)
+                 .decode("rgb8"))
+    assert len(truth) == n
+    rows = datasets.Dataset.from_dict({"v": [[float(i), float(-i)] for i in range(3000)],
+                                       "label": list(range(3000))})
+    rows.save_to_disk(str(root / "hf"))
+    (root / "parquet").mkdir()
+    rows.to_parquet(str(root / "parquet" / "train.parquet"))
+    reader = 'reader_user = "nobody"\n' if os.geteuid() == 0 else ""
+    tables = "".join(
+        f'[[dataset]]\nname = "{name}"\nkind = "{kind}"\npath = "{root / name}"\nresize = 0\ncrop = 0\n'
+        f'allow = ["all"]\n' for name, kind in [("wds", "webdataset"), ("hf", "hf"), ("parquet", "parquet")])
+    d = Daemon(root, tables, top=reader)
+    try:
+        with larder.Client(d.unix) as c:
+            for name in ("wds", "hf", "parquet"):
+                assert c.dataset(name).num_samples == (n if name == "wds" else 3000), name
+            seen = []
+            for b in c.stream("wds", 64, seed=2):
+                for k, i in enumerate(b.sample_ids):
+                    t = truth[int(i)]
+                    assert b["png"][k].transpose(1, 2, 0).tobytes() == t["png"].tobytes(), i
+                    assert b["cls"][k] == t["cls"]
+                seen.extend(int(i) for i in b.sample_ids)
+            assert sorted(seen) == list(range(n)), "every sample exactly once"
+            for name in ("hf", "parquet"):
+                seen = []
+                for b in c.stream(name, 100, seed=3):
+                    for k, i in enumerate(b.sample_ids):
+                        assert b["label"][k] == int(i) and b["v"][k].tolist() == [float(i), -float(i)], (name, i)
+                    seen.extend(int(i) for i in b.sample_ids)
+                assert sorted(seen) == list(range(3000)), name
+        if reader:
+            procs = subprocess.run(["ps", "-eo", "user=,args="], capture_output=True, text=True).stdout
+            assert sum(line.split()[0] == "nobody" and "larder-child reader" in line
+                       for line in procs.splitlines()) == 3, procs
+    finally:
+        d.stop()

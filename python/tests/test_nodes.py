@@ -38,7 +38,8 @@ def run_job(daemons, epochs, **split):
                                   **node, **split):
                     ids = b.sample_ids[: len(b.sample_ids) - b.padding]
                     seen.extend(int(i) for i in ids)
-            assert sorted(set(seen)) == list(range(N)), f"epoch {epoch}: not every sample"
+            # Every sample, each once: counted, not a set (a sample served twice fails).
+            assert sorted(seen) == list(range(N)), f"epoch {epoch}: not every sample exactly once"
             after = [{t.tier: t.hits for t in c.stats().tiers} for c in clients]
             hits = [a["memory"] - b0["memory"] for a, b0 in zip(after, before)]
             looked = [sum(a.values()) - sum(b0.values()) for a, b0 in zip(after, before)]

@@ -387,3 +387,91 @@ def test_the_mapping_goes_after_the_last_batch_from_it_and_is_mapped_until_then(
         time.sleep(0.05)
     assert mapped_when_gone == [True], "gone with the last batch, the memory still mapped as it went"
     assert inode not in {i for _, _, i in ring_maps(os.getpid())}, "then unmapped"
+
+
+class FakeCuda:
+    """A stand-in for the CUDA calls a pinned ring makes, recording them: tests of the pinned
+    ring's life on a machine without a GPU (gpu.py runs the real ones where one is lent)."""
+
+    def __init__(self):
+        self.calls = []
+        self.ready = True  # whether copies queued so far have run
+        fake = self
+
+        class Event:
+            def record(self):
+                fake.calls.append(("event",))
+
+            def query(self):
+                return fake.ready
+
+        self.Event = Event
+
+    def cudart(self):
+        return self
+
+    def cudaHostRegister(self, ptr, size, flags):
+        self.calls.append(("register", ptr, size))
+        return 0
+
+    def cudaHostUnregister(self, ptr):
+        self.calls.append(("unregister", ptr))
+        return 0
+
+    def synchronize(self):
+        self.calls.append(("synchronize",))
+
+
+def test_a_pinned_rings_registration_and_release_without_a_gpu(daemon, monkeypatch):
+    """With CUDA's calls stood in for: a stream with pin_memory registers its ring once (the
+    whole mapping); a slot whose batch is gone is handed back only once the copies queued
+    before are done; the registration is undone once, after a synchronize, as the last batch
+    goes, while the memory is still mapped."""
+    torch = pytest.importorskip("torch")
+    import gc
+    import weakref
+
+    cuda = FakeCuda()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "cudart", cuda.cudart)
+    monkeypatch.setattr(torch.cuda, "Event", cuda.Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", cuda.synchronize)
+    pinned = []
+    pin = larder.shm.Ring.pin
+    monkeypatch.setattr(larder.shm.Ring, "pin", lambda self: (pinned.append(self), pin(self))[1])
+    c = larder.Client(daemon.unix)
+    s = c.stream("train", 10, seed=4, transport="shm", pin_memory=True, prefetch=2)
+    first = next(s)
+    (ring,) = pinned
+    registered = [k for k in cuda.calls if k[0] == "register"]
+    assert registered == [("register", ring._all.ctypes.data, ring.size)], cuda.calls
+    # A batch let go while the copies queued before have not run (the stream lets go of it
+    # as the next comes): its slot stays this process's (pending), and is handed back once
+    # they have.
+    cuda.ready = False
+    del first
+    held = next(s)
+    gc.collect()
+    assert ring._pending, "freed before the copies queued from it ran"
+    cuda.ready = True
+    ring.poll()
+    assert not ring._pending, "handed back once they ran"
+    s.close()
+    inode = _inode_at(ring_span(ring)[0])
+    mapped_when_gone = []
+    weakref.finalize(ring._all, lambda: mapped_when_gone.append(
+        inode in {i for _, _, i in ring_maps(os.getpid())}))
+    c.close()
+    pinned.clear()
+    del ring, s, c
+    gc.collect()
+    assert not [k for k in cuda.calls if k[0] == "unregister"], "a batch from the ring is alive"
+    del held
+    deadline = time.monotonic() + 10
+    while not mapped_when_gone and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    assert mapped_when_gone == [True], "gone with the last batch, the memory still mapped as it went"
+    unregistered = [i for i, k in enumerate(cuda.calls) if k[0] == "unregister"]
+    assert len(unregistered) == 1 and cuda.calls[unregistered[0]][1] == registered[0][1], cuda.calls
+    assert cuda.calls[unregistered[0] - 1] == ("synchronize",), "the queued copies finish first"

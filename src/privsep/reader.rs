@@ -30,7 +30,7 @@ use std::time::Instant;
 const INLINE_MAX: usize = 128 << 10;
 
 /// A `Samples` answer is sent once it holds this many samples or bytes of records.
-const SAMPLES_AT_ONCE: usize = 64;
+const SAMPLES_AT_ONCE: usize = 1024;
 const BYTES_AT_ONCE: usize = 32 << 20;
 
 /// The dataset a reader has open.
@@ -246,7 +246,8 @@ struct Work {
     ready: Condvar,
 }
 
-/// One `Load`: its ranges not yet taken, the threads on it, what is left to answer.
+/// One `Load`: its ranges not yet taken, the threads on it, what is left to answer, and what
+/// its threads have answered and not yet sent.
 struct Job {
     id: u64,
     threads: u32,
@@ -260,6 +261,71 @@ struct JobState {
     left: usize,
     raw_bytes: u64,
     samples: u64,
+    out: Outbox,
+}
+
+/// Samples answered and not sent yet: their table, and their records (in the message while
+/// they fit, else in a memfd they are written to as they come: one answer for many samples,
+/// each record copied once).
+#[derive(Default)]
+struct Outbox {
+    table: Vec<(u64, Outcome)>,
+    inline: Vec<u8>,
+    memfd: Option<std::fs::File>,
+    len: u64,
+}
+
+impl Outbox {
+    fn add(&mut self, i: u64, prepared: Result<Vec<u8>>) -> Result<()> {
+        let outcome = match prepared {
+            Ok(record) => {
+                let at = self.len;
+                if self.memfd.is_none() && self.inline.len() + record.len() > INLINE_MAX {
+                    let file = std::fs::File::from(wire::memfd("larder-records")?);
+                    std::os::unix::fs::FileExt::write_all_at(&file, &self.inline, 0)?;
+                    self.inline = vec![];
+                    self.memfd = Some(file);
+                }
+                match &self.memfd {
+                    Some(f) => std::os::unix::fs::FileExt::write_all_at(f, &record, at)?,
+                    None => self.inline.extend_from_slice(&record),
+                }
+                self.len += record.len() as u64;
+                Outcome::Record {
+                    at,
+                    len: record.len() as u64,
+                }
+            }
+            Err(e) if crate::error::Error::kind_of(&e) == crate::error::Kind::Changed => {
+                Outcome::Changed(format!("{e:#}"))
+            }
+            Err(e) => Outcome::Bad(format!("{e:#}")),
+        };
+        self.table.push((i, outcome));
+        Ok(())
+    }
+
+    fn full(&self) -> bool {
+        self.table.len() >= SAMPLES_AT_ONCE || self.len as usize >= BYTES_AT_ONCE
+    }
+
+    /// Sends what it holds as one `Samples` answer to request `id`.
+    fn send(self, fd: RawFd, id: u64) {
+        if self.table.is_empty() {
+            return;
+        }
+        let mut w = Writer::default();
+        protocol::write_samples(&mut w, &self.table);
+        let sealed = self.memfd.map(|f| wire::seal(f.into()));
+        match sealed {
+            None => {
+                w.0.extend_from_slice(&self.inline);
+                send(fd, Kind::Samples, id, &w.0, None)
+            }
+            Some(Ok(memfd)) => send(fd, Kind::Samples, id, &w.0, Some(&memfd)),
+            Some(Err(e)) => fail(fd, id, &e),
+        }
+    }
 }
 
 impl Work {
@@ -273,6 +339,7 @@ impl Work {
                 busy: 0,
                 raw_bytes: 0,
                 samples: 0,
+                out: Outbox::default(),
             }),
         });
         self.queue
@@ -310,16 +377,17 @@ impl Work {
     fn serve(&self, fd: RawFd, ds: &Open) {
         loop {
             let (job, (start, count)) = self.take();
-            let (raw_bytes, samples) = load(fd, job.id, ds, start, count);
+            let raw_bytes = load(fd, &job, ds, start, count);
             let mut s = job.state.lock().unwrap_or_else(|e| e.into_inner());
             s.busy -= 1;
             s.left -= 1;
             s.raw_bytes += raw_bytes;
-            s.samples += samples;
             let finished = s.left == 0;
             let (raw, n) = (s.raw_bytes, s.samples);
+            let out = finished.then(|| std::mem::take(&mut s.out));
             drop(s);
-            if finished {
+            if let Some(out) = out {
+                out.send(fd, job.id);
                 send(fd, Kind::Done, job.id, &protocol::done(raw, n), None);
             }
             // A thread freed: a load held back by its grant may go on.
@@ -328,11 +396,11 @@ impl Work {
     }
 }
 
-/// Samples `start..start + count`, read (as one range when it reads) and preprocessed, sent in
-/// `Samples` answers to request `id` as they are ready; returns the raw bytes read and the
-/// samples answered. A failure of the whole range (an object store that does not answer) is
-/// the request's: `FAILED`, and the daemon ends its streams.
-fn load(fd: RawFd, id: u64, ds: &Open, start: u64, count: u64) -> (u64, u64) {
+/// Samples `start..start + count` of `job`, read (as one range when it reads) and
+/// preprocessed, into the job's outbox (sent whenever it is full); returns the raw bytes read.
+/// A failure of the whole range (an object store that does not answer) is the request's:
+/// `FAILED`, and the daemon ends its streams.
+fn load(fd: RawFd, job: &Job, ds: &Open, start: u64, count: u64) -> u64 {
     let s = &ds.opened.source;
     let raw: Vec<(u64, Result<crate::fields::RawSample>)> = match s.read_range(start, count) {
         Ok(all) => (start..).zip(all.into_iter().map(Ok)).collect(),
@@ -343,17 +411,14 @@ fn load(fd: RawFd, id: u64, ds: &Open, start: u64, count: u64) -> (u64, u64) {
             .err()
             .filter(|e| crate::error::Error::kind_of(e) == crate::error::Kind::Reader)
     }) {
-        fail(fd, id, e);
-        return (0, 0);
+        fail(fd, job.id, e);
+        return 0;
     }
     let raw_bytes: u64 = raw
         .iter()
         .filter_map(|(_, r)| r.as_ref().ok())
         .map(crate::fields::raw_bytes)
         .sum();
-    let mut table = vec![];
-    let mut records = vec![];
-    let answered = raw.len() as u64;
     for (i, sample) in raw {
         let prepared = sample
             .with_context(|| format!("reading {}", s.sample_name(i)))
@@ -361,47 +426,18 @@ fn load(fd: RawFd, id: u64, ds: &Open, start: u64, count: u64) -> (u64, u64) {
                 crate::pipeline::prepare(&ds.opened.preprocess, &ds.opened.schema, &ds.limits, raw)
                     .with_context(|| format!("preprocessing {}", s.sample_name(i)))
             });
-        let outcome = match prepared {
-            Ok(record) => {
-                let at = records.len() as u64;
-                records.extend_from_slice(&record);
-                Outcome::Record {
-                    at,
-                    len: record.len() as u64,
-                }
-            }
-            Err(e) if crate::error::Error::kind_of(&e) == crate::error::Kind::Changed => {
-                Outcome::Changed(format!("{e:#}"))
-            }
-            Err(e) => Outcome::Bad(format!("{e:#}")),
-        };
-        table.push((i, outcome));
-        if table.len() >= SAMPLES_AT_ONCE || records.len() >= BYTES_AT_ONCE {
-            send_samples(
-                fd,
-                id,
-                &std::mem::take(&mut table),
-                &std::mem::take(&mut records),
-            );
+        let mut st = job.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.samples += 1;
+        if let Err(e) = st.out.add(i, prepared) {
+            drop(st);
+            fail(fd, job.id, &e);
+            return 0;
+        }
+        if st.out.full() {
+            let out = std::mem::take(&mut st.out);
+            drop(st);
+            out.send(fd, job.id);
         }
     }
-    if !table.is_empty() {
-        send_samples(fd, id, &table, &records);
-    }
-    (raw_bytes, answered)
-}
-
-/// One `Samples` answer: records that fit go in the message itself, after the table; more in
-/// a sealed memfd.
-fn send_samples(fd: RawFd, id: u64, table: &[(u64, Outcome)], records: &[u8]) {
-    let mut w = Writer::default();
-    protocol::write_samples(&mut w, table);
-    if w.0.len() + records.len() <= INLINE_MAX {
-        w.0.extend_from_slice(records);
-        return send(fd, Kind::Samples, id, &w.0, None);
-    }
-    match wire::sealed_memfd("larder-records", records) {
-        Ok(memfd) => send(fd, Kind::Samples, id, &w.0, Some(&memfd)),
-        Err(e) => fail(fd, id, &e),
-    }
+    raw_bytes
 }

@@ -369,6 +369,52 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The samples a load asks for: its ranges (sorted, apart), and where each range's samples
+/// start in the answer's order.
+struct Asked {
+    ranges: Vec<(u64, u64)>,
+    offsets: Vec<usize>,
+}
+
+impl Asked {
+    /// `ranges` of a dataset of `len` samples: sorted, apart, within it, at most a load.
+    fn new(ranges: &[(u64, u64)], len: u64) -> Result<Asked> {
+        let mut offsets = Vec::with_capacity(ranges.len());
+        let (mut total, mut end) = (0u64, 0u64);
+        for &(start, count) in ranges {
+            ensure!(
+                count > 0 && start >= end && start.checked_add(count).is_some_and(|e| e <= len),
+                "samples {start}..+{count} of {len}"
+            );
+            offsets.push(total as usize);
+            total += count;
+            end = start + count;
+        }
+        ensure!(
+            (1..=protocol::MOST_LOAD_SAMPLES).contains(&total),
+            "a load of {total} samples"
+        );
+        Ok(Asked {
+            ranges: ranges.to_vec(),
+            offsets,
+        })
+    }
+
+    fn len(&self) -> u64 {
+        self.ranges.iter().map(|r| r.1).sum()
+    }
+
+    /// Where sample `i` comes in the answer, if it was asked.
+    fn position(&self, i: u64) -> Option<usize> {
+        let k = self
+            .ranges
+            .partition_point(|&(s, _)| s <= i)
+            .checked_sub(1)?;
+        let (start, count) = self.ranges[k];
+        (i < start + count).then(|| self.offsets[k] + (i - start) as usize)
+    }
+}
+
 /// Why a `Samples` answer was not taken: it does not hold (the reader lied), or holding it
 /// is over its owner's share.
 enum Taken {
@@ -405,8 +451,10 @@ pub struct RemoteSource {
     /// knowledge, not the reader's).
     root: PathBuf,
     max_sample_bytes: u64,
-    /// Loads its owner's readers may have in flight at once (shared by all their datasets).
+    /// The threads its owner's readers may decode on at once, all their datasets together
+    /// (`slots_of`), and how many that is.
     slots: Arc<tokio::sync::Semaphore>,
+    slots_each: u32,
     state: Mutex<State>,
     /// Why its files no longer read as they did when it was opened, once a reader said so.
     changed: Mutex<Option<String>>,
@@ -451,13 +499,18 @@ fn backoff(failures: u32) -> Duration {
 fn slots_of(key: String) -> Arc<tokio::sync::Semaphore> {
     static SLOTS: std::sync::OnceLock<Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>> =
         std::sync::OnceLock::new();
-    let per_user = 2 * std::thread::available_parallelism().map_or(2, |n| n.get());
+    let per_user = slots_each() as usize;
     let mut slots = lock(SLOTS.get_or_init(Mutex::default));
     slots.retain(|_, s| Arc::strong_count(s) > 1);
     slots
         .entry(key)
         .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(per_user)))
         .clone()
+}
+
+/// Two per core (see `slots_of`).
+fn slots_each() -> u32 {
+    2 * std::thread::available_parallelism().map_or(2, |n| n.get()) as u32
 }
 
 /// Opens dataset `c` in a new reader running as `user`, counting in `found` the files its
@@ -559,6 +612,7 @@ async fn from_reader(
     let source = RemoteSource {
         name: c.name.clone(),
         launcher,
+        slots_each: slots_each(),
         slots: slots_of(match charge_to.1 {
             Payer::User(uid) => format!("uid {uid}"),
             Payer::Config | Payer::Tcp => format!("dataset {}", c.name),
@@ -785,24 +839,21 @@ impl RemoteSource {
 
     /// Samples `start..start + count` from the reader: each its record (checked against the
     /// schema and the limit) or why not, and the raw bytes read.
-    async fn load_now(&self, start: u64, count: u64) -> Result<crate::source::Loaded> {
-        ensure!(
-            count > 0
-                && count <= protocol::MOST_LOAD_SAMPLES
-                && start.checked_add(count).is_some_and(|e| e <= self.meta.len),
-            "samples {start}..+{count} of {}",
-            self.meta.len
-        );
+    async fn load_now(&self, ranges: &[(u64, u64)]) -> Result<crate::source::Loaded> {
+        let asked = Asked::new(ranges, self.meta.len)?;
+        let count = asked.len();
         let reader = self.reader().await?;
-        // A slot of the owner's, held while the reader works for this load: no thread waits.
-        let _slot = self
+        // Slots of the owner's, held while the reader works for this load (one per thread it
+        // may decode on): no thread of the daemon waits.
+        let threads = (ranges.len() as u32).clamp(1, self.slots_each);
+        let _slots = self
             .slots
-            .acquire()
+            .acquire_many(threads)
             .await
             .context("the daemon is stopping")?;
         let load = protocol::Load {
-            threads: 1,
-            ranges: vec![(start, count)],
+            threads,
+            ranges: ranges.to_vec(),
         };
         let mut held = vec![];
         let answered = async {
@@ -816,7 +867,7 @@ impl RemoteSource {
                 };
                 match Kind::try_from(m.kind) {
                     Ok(Kind::Samples) => {
-                        match self.take_samples(&m, start, &mut records) {
+                        match self.take_samples(&m, &asked, &mut records) {
                             Ok(charge) => held.push(charge),
                             // Over the owner's share: the load fails, the reader is not to
                             // blame (its answers may be honest and large).
@@ -864,7 +915,7 @@ impl RemoteSource {
     fn take_samples(
         &self,
         m: &wire::Message,
-        start: u64,
+        asked: &Asked,
         records: &mut [Option<Result<Vec<u8>>>],
     ) -> Result<Charge, Taken> {
         let (table, mut rest) = protocol::read_samples(&m.payload).map_err(Taken::Lied)?;
@@ -904,9 +955,9 @@ impl RemoteSource {
                 None => rest.rest(),
             };
             for (i, outcome) in table {
-                let slot = i
-                    .checked_sub(start)
-                    .and_then(|k| records.get_mut(k as usize))
+                let slot = asked
+                    .position(i)
+                    .and_then(|k| records.get_mut(k))
                     .with_context(|| format!("sample {i}, which was not asked"))?;
                 ensure!(slot.is_none(), "sample {i} answered twice");
                 *slot = Some(match outcome {
@@ -982,8 +1033,11 @@ impl Prepared for RemoteSource {
             .map(|_| "its reader failed; it is started again after a backoff".into())
     }
 
-    fn load(&self, start: u64, count: u64) -> BoxFuture<'_, Result<crate::source::Loaded>> {
-        Box::pin(self.load_now(start, count))
+    fn load<'a>(
+        &'a self,
+        ranges: &'a [(u64, u64)],
+    ) -> BoxFuture<'a, Result<crate::source::Loaded>> {
+        Box::pin(self.load_now(ranges))
     }
 
     fn recheck(&self) -> BoxFuture<'_, ()> {

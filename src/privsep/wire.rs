@@ -397,27 +397,37 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// A memfd holding `data`, sealed against writes and resizes, so that what the receiver
-/// checked is what it reads.
-pub fn sealed_memfd(name: &str, data: &[u8]) -> Result<OwnedFd> {
+/// A new memfd that may be sealed (see `seal`).
+pub fn memfd(name: &str) -> Result<OwnedFd> {
     let cname = std::ffi::CString::new(name).unwrap_or_default();
     // SAFETY: memfd_create with a valid name.
     let fd =
         unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     ensure!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
     // SAFETY: a new descriptor, ours.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let file = std::fs::File::from(fd);
-    std::os::unix::fs::FileExt::write_all_at(&file, data, 0).context("writing a memfd")?;
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `fd` (a memfd of `memfd`), sealed against writes and resizes, so that what its receiver
+/// checked is what it reads.
+pub fn seal(fd: OwnedFd) -> Result<OwnedFd> {
     let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
     // SAFETY: fcntl on our descriptor.
-    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+    let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) };
     ensure!(
         rc == 0,
         "sealing a memfd: {}",
         std::io::Error::last_os_error()
     );
-    Ok(file.into())
+    Ok(fd)
+}
+
+/// A memfd holding `data`, sealed against writes and resizes, so that what the receiver
+/// checked is what it reads.
+pub fn sealed_memfd(name: &str, data: &[u8]) -> Result<OwnedFd> {
+    let file = std::fs::File::from(memfd(name)?);
+    std::os::unix::fs::FileExt::write_all_at(&file, data, 0).context("writing a memfd")?;
+    seal(file.into())
 }
 
 /// The length of a memfd another process sent, if it is sealed as `sealed_memfd` seals (its

@@ -254,7 +254,7 @@ pub async fn assemble(
     buffers: &Arc<MessageBuffers>,
 ) -> Result<(Batch, Option<Slot>, TierMix)> {
     let planned = plan.batch(b);
-    let fetched = futures::future::try_join_all(planned.iter().map(|&i| store.get_from(ds, i)));
+    let fetched = store.get_many(ds, planned);
     let mut mix = TierMix::default();
     let fetched: Vec<Option<Bytes>> = fetched
         .await?

@@ -422,10 +422,13 @@ pub struct Loaded {
 /// A source whose samples come read and preprocessed from elsewhere (a reader process),
 /// awaited on the async runtime: no thread waits for them.
 pub trait Prepared: Send + Sync {
-    /// Records of samples `start..start + count`: each its record or why not, with the raw
-    /// bytes read. Err: none of them could be had (the reader failed), for the stream to end
-    /// with, never a bad sample.
-    fn load(&self, start: u64, count: u64) -> futures::future::BoxFuture<'_, Result<Loaded>>;
+    /// Records of the samples of `ranges` (start, count), in order: each its record or why
+    /// not, with the raw bytes read. Err: none of them could be had (the reader failed), for
+    /// the stream to end with, never a bad sample.
+    fn load<'a>(
+        &'a self,
+        ranges: &'a [(u64, u64)],
+    ) -> futures::future::BoxFuture<'a, Result<Loaded>>;
 
     /// Looks again at whether its files read as they did (what `Provenance::changed` then
     /// says), where that takes asking elsewhere.

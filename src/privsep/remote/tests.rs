@@ -157,7 +157,7 @@ async fn lied_to(lie: Lie) -> anyhow::Error {
     let opened = opened_by(lie, "/fake", honest_opened()).await.unwrap();
     let p = opened.source.prepared().unwrap();
     let started = Instant::now();
-    let err = p.load(0, 2).await.unwrap_err();
+    let err = p.load(&[(0, 2)]).await.unwrap_err();
     assert!(started.elapsed() < protocol::SILENT_WITHIN + Duration::from_secs(2));
     assert_eq!(Error::kind_of(&err), ErrorKind::Reader, "{err:#}");
     assert!(
@@ -165,7 +165,7 @@ async fn lied_to(lie: Lie) -> anyhow::Error {
         "{err:#}"
     );
     // The reader is done with: the next request says so at once.
-    let again = p.load(0, 1).await.unwrap_err();
+    let again = p.load(&[(0, 1)]).await.unwrap_err();
     assert_eq!(Error::kind_of(&again), ErrorKind::Reader, "{again:#}");
     err
 }
@@ -196,7 +196,13 @@ async fn a_silent_reader_is_found_in_seconds_and_a_working_one_is_waited_for() {
     let opened = opened_by(Lie::Slow, "/fake", honest_opened())
         .await
         .unwrap();
-    let loaded = opened.source.prepared().unwrap().load(0, 2).await.unwrap();
+    let loaded = opened
+        .source
+        .prepared()
+        .unwrap()
+        .load(&[(0, 2)])
+        .await
+        .unwrap();
     assert_eq!(loaded.raw_bytes, 8);
     assert!(loaded
         .records
@@ -293,9 +299,9 @@ async fn what_a_readers_answers_take_is_charged_to_its_owner_while_held() {
     .await
     .unwrap();
     let p = opened.source.prepared().unwrap();
-    let err = format!("{:#}", p.load(0, 2).await.unwrap_err());
+    let err = format!("{:#}", p.load(&[(0, 2)]).await.unwrap_err());
     assert!(err.contains("limits.user_footprint_bytes"), "{err}");
-    let one = p.load(0, 1).await;
+    let one = p.load(&[(0, 1)]).await;
     // The fake answers two samples to any load: refused as not asked, or over the share.
     assert!(one.is_err());
     drop(opened);
@@ -424,7 +430,7 @@ proptest::proptest! {
     fn hostile_load_answers_are_refused_or_exact(payload in mutated(honest_samples())) {
         let opened = with_answers(honest_opened().write(), payload).unwrap();
         let p = opened.source.prepared().unwrap();
-        match runtime().block_on(p.load(0, 2)) {
+        match runtime().block_on(p.load(&[(0, 2)])) {
             Ok(loaded) => {
                 proptest::prop_assert_eq!(loaded.records.len(), 2);
                 for r in loaded.records.into_iter().flatten() {
@@ -449,5 +455,38 @@ proptest::proptest! {
                 let _ = s.disk_bytes_of(i);
             }
         }
+    }
+}
+
+#[test]
+fn a_loads_ranges_are_sorted_apart_and_each_sample_found_in_the_answers_order() {
+    let asked = Asked::new(&[(2, 3), (10, 1), (20, 2)], 30).unwrap();
+    assert_eq!(asked.len(), 6);
+    let at: Vec<_> = [2, 4, 10, 20, 21, 5, 9, 22, 0]
+        .iter()
+        .map(|&i| asked.position(i))
+        .collect();
+    assert_eq!(
+        at,
+        [
+            Some(0),
+            Some(2),
+            Some(3),
+            Some(4),
+            Some(5),
+            None,
+            None,
+            None,
+            None
+        ]
+    );
+    for bad in [
+        &[(3, 2), (4, 1)][..],
+        &[(5, 1), (2, 1)],
+        &[(28, 3)],
+        &[(0, 0)],
+        &[],
+    ] {
+        assert!(Asked::new(bad, 30).is_err(), "{bad:?}");
     }
 }
