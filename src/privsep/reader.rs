@@ -29,9 +29,11 @@ use std::time::Instant;
 /// the socket's send buffer, about 208 KiB by default).
 const INLINE_MAX: usize = 128 << 10;
 
-/// A `Samples` answer is sent once it holds this many samples or bytes of records.
+/// A `Samples` answer is sent once it holds this many samples or bytes of records: few
+/// messages for small records, and for large ones answers the daemon takes while the rest of
+/// the load is decoded.
 const SAMPLES_AT_ONCE: usize = 1024;
-const BYTES_AT_ONCE: usize = 32 << 20;
+const BYTES_AT_ONCE: usize = 2 << 20;
 
 /// The dataset a reader has open.
 struct Open {

@@ -844,8 +844,10 @@ impl RemoteSource {
         let count = asked.len();
         let reader = self.reader().await?;
         // Slots of the owner's, held while the reader works for this load (one per thread it
-        // may decode on): no thread of the daemon waits.
-        let threads = (ranges.len() as u32).clamp(1, self.slots_each);
+        // may decode on): no thread of the daemon waits. A load is granted at most half the
+        // owner's slots (the cores), so a stream's next load is already with the reader while
+        // the daemon takes the answer to this one, and the reader's threads never wait for it.
+        let threads = (ranges.len() as u32).clamp(1, (self.slots_each / 2).max(1));
         let _slots = self
             .slots
             .acquire_many(threads)
