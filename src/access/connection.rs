@@ -66,7 +66,8 @@ impl Drop for Held {
 /// A Unix-socket connection with who is at its other end, as the kernel said when it was
 /// accepted: the gRPC handlers find the identity in each request (`access::Caller::of`).
 pub struct PeerStream {
-    stream: tokio::net::UnixStream,
+    /// The socket, its requests' `:authority` made one the HTTP/2 server takes.
+    stream: super::local_authority::LocalAuthority<tokio::net::UnixStream>,
     identity: Arc<super::Identity>,
     /// Set by the first request on the connection (see `PeerInfo::asked`).
     asked: Arc<AtomicBool>,
@@ -86,7 +87,7 @@ impl PeerStream {
         use std::os::fd::AsRawFd;
         let identity = super::Identity::of_socket(stream.as_raw_fd())?;
         Ok(PeerStream {
-            stream,
+            stream: super::local_authority::LocalAuthority::new(stream),
             identity: Arc::new(identity),
             asked: Arc::default(),
             idle_until: Some(Box::pin(tokio::time::sleep(idle))),

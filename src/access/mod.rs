@@ -26,6 +26,7 @@
 //! requests this way and denies other users what `allow` does not grant.
 
 pub mod connection;
+pub mod local_authority;
 mod switch;
 
 pub use switch::{as_user, open_no_magiclinks};
