@@ -32,6 +32,8 @@ const MOST_FRAME: usize = 16_384;
 /// The most bytes of one header block held while its CONTINUATIONs come: a request's
 /// headers are a few hundred bytes; a block past this closes the connection.
 const MOST_BLOCK: usize = 256 << 10;
+/// The HPACK dynamic table's size an HTTP/2 server allows unless its SETTINGS say otherwise.
+const TABLE: usize = 4096;
 /// What a Unix socket's requests say they are for when what they said is no authority.
 const LOCAL: &[u8] = b"localhost";
 
@@ -148,12 +150,16 @@ pub struct Rewrite {
 
 impl Default for Rewrite {
     fn default() -> Self {
+        // The client's table may grow to what the server allows it (SETTINGS_HEADER_TABLE_SIZE,
+        // which the daemon leaves at its default), and no further.
+        let mut decoder = loona_hpack::Decoder::new();
+        decoder.set_max_allowed_table_size(TABLE);
         Rewrite {
             at: At::Preface,
             preface_left: PREFACE_LEN,
             pending: Vec::new(),
             block: None,
-            decoder: loona_hpack::Decoder::new(),
+            decoder,
             out: Vec::new(),
             out_at: 0,
         }
@@ -532,7 +538,17 @@ mod tests {
         .concat();
         let huge = [PREFACE.to_vec(), vec![0x10, 0, 0, HEADERS, 0, 0, 0, 0, 1]].concat();
         let garbage = [PREFACE.to_vec(), frame(HEADERS, END_HEADERS, 1, &[0xff; 8])].concat();
-        for bad in [other_stream, between, huge, garbage] {
+        // A dynamic table of 1 GiB asked for (a size update, 0x3f then 2^30 - 31 in 7-bit groups).
+        let mut grow = vec![0x3f];
+        let mut v = (1usize << 30) - 31;
+        while v >= 128 {
+            grow.push((v % 128) as u8 | 0x80);
+            v /= 128;
+        }
+        grow.push(v as u8);
+        grow.extend_from_slice(&block);
+        let grow = [PREFACE.to_vec(), frame(HEADERS, END_HEADERS, 1, &grow)].concat();
+        for bad in [other_stream, between, huge, garbage, grow] {
             assert!(Rewrite::default().feed(&bad).is_err());
         }
     }
