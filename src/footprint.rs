@@ -33,8 +33,7 @@ impl Payer {
     /// The payer for what `uid` asks for: root and the daemon's own user pay as the config.
     pub fn of_uid(uid: Option<u32>) -> Payer {
         match uid {
-            // SAFETY: geteuid has no arguments.
-            Some(u) if u != 0 && u != unsafe { libc::geteuid() } => Payer::User(u),
+            Some(u) if !crate::access::is_admin_uid(u) => Payer::User(u),
             _ => Payer::Config,
         }
     }

@@ -130,6 +130,32 @@ fn larderd_fails_clearly_on_a_bad_config() {
     assert!(err.contains("max_image_pixel"), "{err}");
     assert!(err.contains("larder.toml"), "{err}");
 
+    // A socket folder the daemon cannot make: the error names the folder and the key to set.
+    std::fs::write(dir.path().join("a-file"), "").unwrap();
+    let socket = dir.path().join("a-file/larder.sock");
+    std::fs::write(
+        &config,
+        format!(
+            "unix_socket = {:?}\nstate_dir = {:?}\n",
+            socket,
+            dir.path().join("state")
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_larderd"))
+        .arg("--config")
+        .arg(&config)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{}", dir.path().join("a-file").display()))
+            && err.contains("set unix_socket in the config"),
+        "{err}"
+    );
+
     let out = Command::new(env!("CARGO_BIN_EXE_larder"))
         .args(["--addr", "unix:/nonexistent/larder.sock", "stats"])
         .output()

@@ -29,6 +29,18 @@ pub mod connection;
 pub mod local_authority;
 mod switch;
 
+/// The daemon's effective user id.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Root or the daemon's own user: who reads files as the daemon itself, pays as the config
+/// does, and is told why datasets are not served.
+pub fn is_admin_uid(uid: u32) -> bool {
+    uid == 0 || uid == euid()
+}
+
 pub use switch::{as_user, open_no_magiclinks};
 
 use crate::error::{quote, Error, Kind};
@@ -146,7 +158,7 @@ impl Caller {
     /// Root or the daemon's own user, over the Unix socket: who sees why datasets are not
     /// served.
     pub fn is_admin(&self) -> bool {
-        matches!(self, Caller::Local(id) if id.uid == 0 || id.uid == unsafe { libc::geteuid() })
+        matches!(self, Caller::Local(id) if is_admin_uid(id.uid))
     }
 
     /// Names the caller in logs and messages.
@@ -296,8 +308,7 @@ pub fn decide(guard: &Guard, who: &Caller) -> Option<Result<(), String>> {
     if guard.allow.iter().any(|g| g.grants(id)) {
         return Some(Ok(()));
     }
-    let me = unsafe { libc::geteuid() };
-    if id.uid == 0 || id.uid == me {
+    if is_admin_uid(id.uid) {
         // Root, or the daemon's own user: what the daemon reads with its own rights is what
         // they could read (the daemon as root reads anything; as user larder, only larder's).
         return Some(Ok(()));

@@ -167,7 +167,7 @@ mod tests {
         };
         assert!(as_user(&root, || ()).is_err());
         // As root (CI), a panic while switched leaves the thread as it was.
-        if unsafe { libc::geteuid() } != 0 {
+        if crate::access::euid() != 0 {
             return;
         }
         let nobody = Identity {

@@ -444,8 +444,14 @@ async fn trim_idle_buffers(buffers: Arc<MessageBuffers>) {
 fn bind_unix(path: &std::path::Path, mode: u32) -> Result<tokio::net::UnixListener> {
     use std::os::unix::fs::FileTypeExt;
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("creating socket directory {}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| {
+            format!(
+                "creating the socket's folder {} (as uid {}; set unix_socket in the config to \
+                 a path in a folder the daemon may write)",
+                dir.display(),
+                crate::access::euid()
+            )
+        })?;
     }
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         anyhow::ensure!(
@@ -464,8 +470,21 @@ fn bind_unix(path: &std::path::Path, mode: u32) -> Result<tokio::net::UnixListen
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let bound = path.with_file_name(format!(".{name}.{}", std::process::id()));
     let _ = std::fs::remove_file(&bound);
-    let listener = tokio::net::UnixListener::bind(&bound)
-        .with_context(|| format!("listening on Unix socket {}", path.display()))?;
+    let listener = tokio::net::UnixListener::bind(&bound).map_err(|e| {
+        let who = crate::access::euid();
+        let fix = match e.kind() {
+            std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
+                format!(
+                    ": the daemon (uid {who}) may not create files in {}; make that folder \
+                     writable by it, or set unix_socket in the config to a path in a folder it \
+                     may write (the package's unit has systemd make /run/larder for it)",
+                    path.parent().unwrap_or(path).display()
+                )
+            }
+            _ => String::new(),
+        };
+        anyhow::anyhow!(e).context(format!("listening on Unix socket {}{fix}", path.display()))
+    })?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&bound, std::fs::Permissions::from_mode(mode))
         .and_then(|()| std::fs::rename(&bound, path))

@@ -702,13 +702,12 @@ impl Larder for Service {
             .take(id.uid as u64)
             .await;
         let id = id.clone();
-        let found = tokio::task::spawn_blocking(move || {
-            let me = unsafe { libc::geteuid() };
-            match crate::privsep::launcher() {
-                Some(l) if id.uid != 0 && id.uid != me => l.recognize(&id.as_ref().into(), &path),
-                _ => crate::source::recognize_as((id.uid != 0).then_some(id.uid), &path)
-                    .map(str::to_string),
+        let found = tokio::task::spawn_blocking(move || match crate::privsep::launcher() {
+            Some(l) if !crate::access::is_admin_uid(id.uid) => {
+                l.recognize(&id.as_ref().into(), &path)
             }
+            _ => crate::source::recognize_as((id.uid != 0).then_some(id.uid), &path)
+                .map(str::to_string),
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))?;

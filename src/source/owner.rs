@@ -15,7 +15,7 @@ use std::sync::Arc;
 /// for root and the daemon's own user, else the owner with their groups.
 pub fn reader(owner: Option<u32>) -> Option<Arc<Identity>> {
     let uid = owner?;
-    if uid == 0 || uid == unsafe { libc::geteuid() } {
+    if crate::access::is_admin_uid(uid) {
         return None;
     }
     Some(Arc::new(Identity::of_user_primary(uid)))
