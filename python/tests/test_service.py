@@ -2,7 +2,11 @@
 (grpc.health.v1, as Kubernetes probes and grpc_health_probe ask it) and server reflection (as
 grpcurl asks it); and what larder's own client says when its API and the daemon's differ."""
 
+import json
+import pathlib
+import shutil
 import signal
+import subprocess
 import warnings
 
 import grpc
@@ -88,6 +92,27 @@ def test_a_client_generated_from_the_proto_talks_to_the_unix_socket_as_written(t
                 return
             assert "larder.v1.Larder" in set(ProtoReflectionDescriptorDatabase(ch).get_services())
         assert health(d.unix, "") == "SERVING"
+    finally:
+        d.stop()
+
+
+GRPC_JS = pathlib.Path(__file__).parent / "grpcjs"
+
+
+@pytest.mark.skipif(not (GRPC_JS / "node_modules").is_dir() or shutil.which("node") is None,
+                    reason="no Node or no grpc-js (scripts/setup installs them)")
+def test_a_javascript_client_written_from_the_proto_streams_over_the_unix_socket(tmp_path):
+    """grpc-js with the proto loaded at run time, no channel options (grpcjs/client.js): the
+    datasets listed, and an epoch with every sample exactly once."""
+    make_h5(tmp_path / "a.h5", 20)
+    d = Daemon(tmp_path, h5_table("a", tmp_path / "a.h5"))
+    try:
+        out = subprocess.run(["node", str(GRPC_JS / "client.js"), d.unix, "a", "6"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout)
+        assert got["datasets"] == ["a"]
+        assert sorted(got["ids"]) == list(range(20)), got["ids"]
     finally:
         d.stop()
 
