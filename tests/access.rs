@@ -1037,3 +1037,159 @@ fn the_configs_datasets_are_read_by_the_reader_user_never_by_the_daemon() {
     assert_eq!(status_of(readers[0], "Seccomp"), "2");
     assert_eq!(status_of(daemon.0.id(), "CapEff"), "0000000000000000");
 }
+
+/// The DaemonSet's start, under Kubernetes' semantics: a container started as root with only
+/// CAP_SETUID and CAP_SETGID in its bounding set, no inheritable or ambient capabilities, and
+/// no new privileges (`allowPrivilegeEscalation: false`). larderd `--user` becomes its own
+/// user keeping those two for its launcher, serves a user's own dataset through a reader as
+/// her, and holds no capability itself; started as a user other than root the same way (what
+/// the manifests did before), it stops and says how to start it.
+#[test]
+#[ignore = "adds users and groups: needs root (scripts/test runs it as root)"]
+fn the_daemonsets_start_as_root_with_two_capabilities_serves_as_its_own_user() {
+    assert_eq!(unsafe { libc::geteuid() }, 0, "run as root");
+    let users = Users::make();
+    let alice = users.uid(0);
+    let an = users.names[0].clone();
+    let daemon_user = format!("{an}d");
+    run(
+        "useradd",
+        &[
+            "-M",
+            "-N",
+            "-g",
+            "nogroup",
+            "-s",
+            "/usr/sbin/nologin",
+            &daemon_user,
+        ],
+    );
+    struct Gone(String);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = Command::new("userdel").arg(&self.0).status();
+        }
+    }
+    let _gone = Gone(daemon_user.clone());
+    let larder = id("-u", &daemon_user);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    set_mode(root, 0o755);
+    let ahome = root.join("alice");
+    own_dir(&ahome, alice, 0o700);
+    let own = ahome.join("own.h5");
+    make_dataset(&own, 24, &[2, 4, 4]).unwrap();
+    own_file(&own, alice, 0o600);
+    // The hostPath socket folder and the state folder, the daemon user's.
+    let run_dir = root.join("run");
+    own_dir(&run_dir, larder, 0o755);
+    let (socket, state) = (run_dir.join("larder.sock"), root.join("state"));
+    own_dir(&state, larder, 0o700);
+    let config = root.join("larder.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "unix_socket = {socket:?}\nunix_socket_mode = 0o666\nstate_dir = {state:?}\n\
+             [scratch]\nenabled = false\n"
+        ),
+    )
+    .unwrap();
+    set_mode(&config, 0o644);
+    // What a container runtime gives the container's first process.
+    let as_kubernetes = |uid: u32, args: &[&str]| {
+        let mut c = Command::new("setpriv");
+        c.args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={}", if uid == 0 { 0 } else { uid }),
+            "--clear-groups",
+            "--bounding-set=-all,+setuid,+setgid",
+            "--inh-caps=-all",
+            "--no-new-privs",
+            "--",
+            env!("CARGO_BIN_EXE_larderd"),
+            "--config",
+        ])
+        .arg(&config)
+        .args(args)
+        .env_remove("RUST_BACKTRACE");
+        c
+    };
+
+    // As the manifests ran it before: a user other than root, whose capabilities the exec
+    // cleared. It stops, naming the way that works.
+    std::fs::write(
+        &config,
+        format!(
+            "unix_socket = {socket:?}\nunix_socket_mode = 0o666\nstate_dir = {state:?}\n\
+             reader_user = \"nobody\"\n[scratch]\nenabled = false\n"
+        ),
+    )
+    .unwrap();
+    let o = as_kubernetes(larder, &[]).output().unwrap();
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--user"), "{}", text(&o));
+
+    // As the DaemonSet runs it now.
+    let child = as_kubernetes(0, &["--user", &daemon_user])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let daemon = Larderd(child);
+    let started = Instant::now();
+    while !socket.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "larderd did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = daemon.0.id();
+    assert_eq!(
+        status_of(pid, "Uid").split_whitespace().collect::<Vec<_>>(),
+        vec![larder.to_string(); 4]
+    );
+    assert_eq!(status_of(pid, "CapEff"), "0000000000000000");
+    assert_eq!(status_of(pid, "CapPrm"), "0000000000000000");
+    assert_eq!(status_of(pid, "NoNewPrivs"), "1");
+    // Its launcher: the daemon's user with the two capabilities, nothing else.
+    let launchers: Vec<u32> = larderd_processes_of(larder)
+        .into_iter()
+        .filter(|p| *p != pid)
+        .collect();
+    assert_eq!(launchers.len(), 1, "{launchers:?}");
+    assert_eq!(status_of(launchers[0], "CapEff"), "00000000000000c0");
+    assert_eq!(status_of(launchers[0], "CapBnd"), "00000000000000c0");
+
+    let o = larder_as(
+        alice,
+        &socket,
+        &["add", "own", own.to_str().unwrap(), "--labels", "labels"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let mine = format!("{an}/own");
+    let o = larder_as(
+        alice,
+        &socket,
+        &[
+            "bench",
+            &mine,
+            "--epochs",
+            "1",
+            "--batch-size",
+            "5",
+            "--clients",
+            "1",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    assert!(
+        out.contains("epoch 0: 24 samples ") && out.contains("exactly once per client: ok"),
+        "{out}"
+    );
+    // Her file was parsed by a reader as her, without any capability.
+    let readers = larderd_processes_of(alice);
+    assert_eq!(readers.len(), 1, "{readers:?}");
+    assert_eq!(status_of(readers[0], "CapEff"), "0000000000000000");
+    assert_eq!(status_of(readers[0], "NoNewPrivs"), "1");
+}

@@ -24,6 +24,12 @@ struct Args {
     /// the file instead of guessing a free port or racing the datasets' opening.
     #[arg(long)]
     address_file: Option<PathBuf>,
+    /// Started as root: become this user first, keeping only CAP_SETUID and CAP_SETGID (for
+    /// the launcher of readers) and dropping every other right of root's. A container's start
+    /// (Kubernetes gives a process started as another user no capabilities); under systemd the
+    /// unit starts larderd as its user instead.
+    #[arg(long, env = "LARDER_USER")]
+    user: Option<String>,
 }
 
 /// The config at `path`, its datasets of a known kind checked by their kind's format.
@@ -39,6 +45,9 @@ fn main() -> Result<()> {
     larder::privsep::child::run_if_child();
     larder::init_logging("info");
     let args = Args::parse();
+    if let Some(name) = &args.user {
+        larder::privsep::start_as(name).context("starting larderd")?;
+    }
     // Before any thread, and before the config is read (a reader, forked from the launcher,
     // holds nothing of it): the launcher keeps the capabilities to switch users, this process
     // none (see `privsep`).

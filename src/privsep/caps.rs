@@ -155,3 +155,50 @@ pub fn raise_user_switching_ambient() -> Result<()> {
     }
     Ok(())
 }
+
+/// Becomes `uid` in `gid` with `groups`, keeping CAP_SETUID and CAP_SETGID alone (effective
+/// and permitted): a daemon started as root (a container's way) ends as a systemd unit with
+/// `User=` and `AmbientCapabilities=CAP_SETUID CAP_SETGID` starts it. Whatever else root held
+/// is gone; the bounding set stays as it was given (dropping from it takes CAP_SETPCAP, which
+/// a container keeps from its processes).
+pub fn become_user(uid: u32, gid: u32, groups: &[u32]) -> Result<()> {
+    ensure!(
+        can_switch_users(),
+        "switching to uid {uid} needs CAP_SETUID and CAP_SETGID (the DaemonSet adds them)"
+    );
+    // SAFETY: prctl, setgroups, setresgid and setresuid with valid arguments (the group list
+    // outlives the call); checked below by what the kernel then says.
+    unsafe {
+        ensure!(
+            libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) == 0,
+            "keepcaps: {}",
+            std::io::Error::last_os_error()
+        );
+        ensure!(
+            libc::setgroups(groups.len(), groups.as_ptr()) == 0,
+            "setgroups: {}",
+            std::io::Error::last_os_error()
+        );
+        ensure!(
+            libc::setresgid(gid, gid, gid) == 0,
+            "setresgid({gid}): {}",
+            std::io::Error::last_os_error()
+        );
+        ensure!(
+            libc::setresuid(uid, uid, uid) == 0,
+            "setresuid({uid}): {}",
+            std::io::Error::last_os_error()
+        );
+        libc::prctl(libc::PR_SET_KEEPCAPS, 0, 0, 0, 0);
+        ensure!(
+            libc::geteuid() == uid && libc::getegid() == gid,
+            "the switch to uid {uid} did not hold"
+        );
+    }
+    keep_only_user_switching()?;
+    ensure!(
+        can_switch_users(),
+        "uid {uid} kept no CAP_SETUID and CAP_SETGID"
+    );
+    Ok(())
+}

@@ -53,7 +53,10 @@ pub fn config_reader() -> Option<&'static launcher::User> {
 pub fn set_config_reader(name: &str) -> anyhow::Result<()> {
     anyhow::ensure!(
         launcher().is_some(),
-        "reader_user = {name:?} needs a daemon that may switch users (CAP_SETUID and CAP_SETGID)"
+        "reader_user = {name:?} needs a daemon that may switch users (CAP_SETUID and \
+         CAP_SETGID): under systemd the unit's AmbientCapabilities give them; in a container \
+         (where a user other than root gets none) start larderd as root with --user NAME and \
+         only those two capabilities (deploy/k8s/daemonset.yaml)"
     );
     let uid = crate::access::uid_of(name)
         .ok_or_else(|| anyhow::anyhow!("reader_user: no user {name:?} on this machine"))?;
@@ -67,6 +70,28 @@ pub fn set_config_reader(name: &str) -> anyhow::Result<()> {
     anyhow::ensure!(user.gid != 0, "reader_user = {name:?}: its group is root's");
     let _ = CONFIG_READER.set(user);
     Ok(())
+}
+
+/// At the start of larderd started as root with `--user NAME` (a container's start; systemd
+/// starts it as its user instead): becomes user `name` with its groups, keeping only the
+/// capabilities the launcher needs (see `caps::become_user`). Before any thread.
+pub fn start_as(name: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        crate::access::euid() == 0,
+        "--user {name:?} is for a larderd started as root (uid {} here): start it as root with \
+         only CAP_SETUID and CAP_SETGID (deploy/k8s/daemonset.yaml), or as {name:?} under \
+         systemd without --user",
+        crate::access::euid()
+    );
+    let uid =
+        crate::access::uid_of(name).ok_or_else(|| anyhow::anyhow!("--user: no user {name:?}"))?;
+    anyhow::ensure!(
+        uid != 0,
+        "--user {name:?} is root: name the daemon's own user"
+    );
+    let id = crate::access::Identity::of_user_primary(uid);
+    caps::become_user(uid, id.gid, &id.groups)
+        .map_err(|e| e.context(format!("becoming user {name:?} (uid {uid})")))
 }
 
 /// At the start of larderd, before any thread: when the process may switch users, starts the
