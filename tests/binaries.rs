@@ -156,6 +156,30 @@ fn larderd_fails_clearly_on_a_bad_config() {
         "{err}"
     );
 
+    // A scratch tier that cannot be made: the start stops, saying how to fix or turn it off.
+    std::fs::write(
+        &config,
+        format!(
+            "unix_socket = {:?}\nstate_dir = {:?}\n[scratch]\ndir = {:?}\n",
+            dir.path().join("s.sock"),
+            dir.path().join("state"),
+            dir.path().join("a-file/scratch")
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_larderd"))
+        .arg("--config")
+        .arg(&config)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("a-file/scratch") && err.contains("ReadWritePaths"),
+        "{err}"
+    );
+
     let out = Command::new(env!("CARGO_BIN_EXE_larder"))
         .args(["--addr", "unix:/nonexistent/larder.sock", "stats"])
         .output()

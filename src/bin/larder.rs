@@ -90,10 +90,14 @@ enum Command {
 struct AddArgs {
     /// NAME: the dataset becomes USER/NAME (letters, digits, '.', '_', '-').
     name: String,
-    /// The HDF5 file, or the image folder (class subfolders of JPEG/PNG files).
+    /// The dataset's file or folder, read as: a folder with `state.json` or
+    /// `dataset_dict.json` (`save_to_disk`) as hf; a `.npy`/`.npz` file or a folder with
+    /// `.npy` files as npy; a `.parquet` file as parquet; a `.tar` file as webdataset; an
+    /// `.mdb` file or a folder with `data.mdb` as lmdb; an `.h5`/`.hdf5` file as hdf5; any
+    /// other folder as images (class subfolders of JPEG/PNG files). `--kind` for the rest.
     path: PathBuf,
-    /// The source's kind, e.g. "hdf5" or "images" (default: the kind the daemon recognises the
-    /// path as; `larder datasets` lists them).
+    /// The source's kind: hdf5, images, npy, hf, parquet, webdataset or lmdb (default: the
+    /// kind the daemon recognises the path as).
     #[arg(long)]
     kind: Option<String>,
     /// HDF5: the dataset served as field "image" (default "images").

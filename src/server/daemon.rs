@@ -75,11 +75,24 @@ impl Daemon {
             .preprocess_workers
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
         let scratch = &config.scratch;
+        // A scratch tier configured and not usable stops the start: serving without it would
+        // turn every epoch past the memory tier into a cold one, with a line in a log as the
+        // only sign.
         let space = match scratch.enabled {
             false => None,
-            true => ScratchSpace::open(&scratch.dir, scratch.budget_bytes)
-                .inspect_err(|e| tracing::error!("scratch tier disabled: {e:#}"))
-                .ok(),
+            true => Some(
+                ScratchSpace::open(&scratch.dir, scratch.budget_bytes).with_context(|| {
+                    format!(
+                        "the scratch tier at {} (as uid {}): make the folder writable by the \
+                         daemon's user (under the systemd unit, whose file system is read-only \
+                         but for /var/cache/larder, a drop-in with ReadWritePaths={}: see \
+                         docs/admin.md), or set [scratch] enabled = false",
+                        scratch.dir.display(),
+                        crate::access::euid(),
+                        scratch.dir.display()
+                    )
+                })?,
+            ),
         };
         let store = Store::new(
             memory.clone(),
