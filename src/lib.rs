@@ -15,6 +15,7 @@ pub mod fields;
 pub mod fingerprint;
 pub mod footprint;
 pub mod input_bound;
+pub mod manpage;
 pub mod metrics;
 pub mod objects;
 pub mod open_streams;

@@ -231,3 +231,62 @@ fn larder_demo_runs_end_to_end() {
         "{said}"
     );
 }
+
+/// The manual pages: made from the same definitions as `--help` (and docs/config.md), each
+/// long option of a command in its page, and rendered by man(1) without a warning where it
+/// is installed.
+#[test]
+fn the_manual_pages_hold_what_help_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_larder"))
+        .arg("man")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let out = Command::new(env!("CARGO_BIN_EXE_larderd"))
+        .arg("--man")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    std::fs::write(dir.path().join("larderd.8"), &out.stdout).unwrap();
+    for (page, help) in [
+        ("larder-add.1", vec!["add", "--help"]),
+        ("larder-bench.1", vec!["bench", "--help"]),
+        ("larderd.8", vec!["--help"]),
+    ] {
+        let bin = if page == "larderd.8" {
+            env!("CARGO_BIN_EXE_larderd")
+        } else {
+            env!("CARGO_BIN_EXE_larder")
+        };
+        let help = Command::new(bin).args(&help).output().unwrap();
+        let help = String::from_utf8_lossy(&help.stdout).to_string();
+        let roff = std::fs::read_to_string(dir.path().join(page)).unwrap();
+        let options: Vec<&str> = help
+            .split_whitespace()
+            .filter(|w| w.starts_with("--") && w.len() > 2)
+            .map(|w| w.trim_end_matches(|c: char| !c.is_alphanumeric()))
+            .collect();
+        assert!(!options.is_empty(), "{help}");
+        for o in options {
+            assert!(roff.contains(&o.replace('-', "\\-")), "{page}: {o}");
+        }
+    }
+    let config = std::fs::read_to_string(dir.path().join("larder.toml.5")).unwrap();
+    assert!(config.contains("\\fBreader_user\\fR"), "{config}");
+    let man = Command::new("man").arg("--version").output();
+    if man.is_ok_and(|o| o.status.success()) {
+        for page in ["larder.1", "larder-add.1", "larderd.8", "larder.toml.5"] {
+            let out = Command::new("man")
+                .args(["--warnings", "-l"])
+                .arg(dir.path().join(page))
+                .env("MANWIDTH", "80")
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{page}");
+            let warned = String::from_utf8_lossy(&out.stderr);
+            assert!(warned.trim().is_empty(), "{page}: {warned}");
+        }
+    }
+}

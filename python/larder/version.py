@@ -19,6 +19,11 @@ class LarderVersionWarning(UserWarning):
     """The daemon is older than this client: calls it lacks fail."""
 
 
+def wheel(version: str) -> str:
+    """Where larder's Debian package installs the client wheel of its release."""
+    return f"/usr/share/larder/larder_client-{version}-py3-none-any.whl"
+
+
 def check(info: Optional["pb.DaemonInfo"], address: str) -> None:
     """Raises LarderError when the daemon (`info`: its GetInfo answer, None when it has no
     GetInfo) no longer serves this client's API; warns when the daemon is the older side."""
@@ -32,13 +37,14 @@ def check(info: Optional["pb.DaemonInfo"], address: str) -> None:
     elif info.min_client_api_version > ours:
         raise LarderError(
             f"{client} is older than larderd {info.version} at {address} serves (API "
-            f"{info.min_client_api_version} or newer): upgrade the client "
-            f"(pip install -U 'larder-client>={info.version}')", grpc.StatusCode.FAILED_PRECONDITION)
+            f"{info.min_client_api_version} or newer): upgrade the client (pip install -U "
+            f"{wheel(info.version)}, the wheel larder's package puts on the daemon's machine, or "
+            f"pip install -U ./python in larder's source)", grpc.StatusCode.FAILED_PRECONDITION)
     elif info.api_version < ours:
         warnings.warn(
             f"larderd {info.version} at {address} speaks API {info.api_version}, older than {client}: "
             f"calls it lacks fail with UNIMPLEMENTED. Upgrade larderd, or install the client of its "
-            f"release (pip install 'larder-client=={info.version}').",
+            f"release (pip install {wheel(info.version)} on the daemon's machine).",
             LarderVersionWarning, stacklevel=4)
 
 

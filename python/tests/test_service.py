@@ -155,7 +155,7 @@ def test_the_client_says_which_side_to_upgrade(tmp_path, monkeypatch):
         # A client older than the daemon serves: refused, told to upgrade the client.
         monkeypatch.setattr(larder.version, "API_VERSION", 0)
         with larder.Client(d.unix) as c:
-            with pytest.raises(larder.LarderError, match=r"upgrade the client \(pip install -U"):
+            with pytest.raises(larder.LarderError, match=r"upgrade the client \(pip install -U /usr/share/larder/larder_client-"):
                 c.datasets()
     finally:
         d.stop()

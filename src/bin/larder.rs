@@ -68,6 +68,10 @@ enum Command {
         #[arg(long, default_value_t = 256)]
         batch_size: u32,
     },
+    /// Write the manual pages of larder (larder.1, one larder-COMMAND.1 a command) and of
+    /// larder.toml (larder.toml.5) to DIR (scripts/package puts them in the package).
+    #[command(hide = true)]
+    Man { dir: PathBuf },
     /// Make a small dataset, start a daemon, run training clients, print throughput and hit rates.
     Demo {
         /// Samples in the demo dataset (uint8 3x32x32 each).
@@ -182,6 +186,14 @@ async fn main() -> Result<()> {
     larder::init_logging("warn");
     let args = Args::parse();
     match args.command {
+        Command::Man { dir } => {
+            use clap::CommandFactory;
+            std::fs::create_dir_all(&dir)?;
+            clap_mangen::generate_to(Args::command().name("larder"), &dir)?;
+            let page =
+                larder::manpage::config_page(larder::manpage::CONFIG_MD, env!("CARGO_PKG_VERSION"));
+            std::fs::write(dir.join("larder.toml.5"), page)?;
+        }
         Command::Datasets => {
             let mut client = connect(&args.addr).await?;
             let list = client

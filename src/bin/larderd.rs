@@ -30,6 +30,9 @@ struct Args {
     /// unit starts larderd as its user instead.
     #[arg(long, env = "LARDER_USER")]
     user: Option<String>,
+    /// Print larderd's manual page (roff, section 8) and exit (scripts/package uses it).
+    #[arg(long, hide = true)]
+    man: bool,
 }
 
 /// The config at `path`, its datasets of a known kind checked by their kind's format.
@@ -45,6 +48,12 @@ fn main() -> Result<()> {
     larder::privsep::child::run_if_child();
     larder::init_logging("info");
     let args = Args::parse();
+    if args.man {
+        use clap::CommandFactory;
+        let man = clap_mangen::Man::new(Args::command().name("larderd")).section("8");
+        man.render(&mut std::io::stdout())?;
+        return Ok(());
+    }
     if let Some(name) = &args.user {
         larder::privsep::start_as(name).context("starting larderd")?;
     }
