@@ -111,6 +111,16 @@ def test_datasets_in_an_object_store_are_served_as_their_local_copies(tmp_path, 
                 here, there = epoch(c, f"{name}-local"), epoch(c, f"{name}-s3")
                 assert sorted(there) == list(range(n)), name
                 assert there == here, f"{name}: the object store's samples differ from the local copy's"
+                # And each is what the format's own library reads from the same files (in
+                # batches of one: no padding to a batch's largest image).
+                dtypes = {f.name: np.dtype(f.dtype) for f in info.fields}
+                want = library_reads(name, local, wds, datasets)
+                assert len(want) == n, name
+                alone = epoch(c, f"{name}-s3", batch=1)
+                for i, values in enumerate(want):
+                    got = {f: alone[i][f] for f in values}
+                    assert got == {f: np.asarray(v, dtype=dtypes[f]).tobytes() for f, v in values.items()}, \
+                        f"{name}: sample {i} differs from what its library reads"
             s = c.stats()
             assert s.object_gets > 0
             # A cold epoch reads each object's bytes about once (the WebDataset's headers, a
@@ -144,6 +154,34 @@ def test_datasets_in_an_object_store_are_served_as_their_local_copies(tmp_path, 
                     assert not memory_holds(pid, secret), f"process {pid} holds the S3 secret"
     finally:
         d.stop()
+
+
+def library_reads(name: str, local: pathlib.Path, wds, datasets) -> list:
+    """Each sample of dataset `name` as its format's own library reads the local files, in
+    larder's sample order: {field: value} (images [C, H, W] as PIL decodes them)."""
+    from PIL import Image
+
+    def planes(data: bytes):
+        return np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).transpose(2, 0, 1)
+
+    if name == "wds":
+        shards = sorted(str(p) for p in (local / "wds").glob("*.tar"))
+        return [{"png": planes(s["png"]), "cls": int(s["cls"])} for s in wds.WebDataset(shards, shardshuffle=False)]
+    if name == "npy":
+        x, y = np.load(local / "npy" / "x.npy"), np.load(local / "npy" / "y.npy")
+        return [{"x": x[i], "y": y[i]} for i in range(len(y))]
+    if name in ("hf", "parquet"):
+        if name == "hf":
+            rows = datasets.load_from_disk(str(local / "hf"))
+        else:
+            files = sorted(str(p) for p in (local / "parquet").glob("*.parquet"))
+            rows = datasets.Dataset.from_parquet(files)
+        return [{"v": r["v"], "label": r["label"]} for r in rows]
+    if name == "images":
+        classes = sorted(p.name for p in (local / "images").iterdir())
+        files = [(k, f) for k, c in enumerate(classes) for f in sorted((local / "images" / c).iterdir())]
+        return [{"image": planes(f.read_bytes()), "label": k} for k, f in files]
+    raise AssertionError(name)
 
 
 def daemon_children(pid: int) -> list:
