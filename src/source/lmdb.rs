@@ -54,7 +54,8 @@ impl Format for Lmdb {
 
     fn reads_objects(&self) -> std::result::Result<(), String> {
         Err(
-            "LMDB is read by mapping its data.mdb, and an object cannot be mapped: keep it on a \
+            "LMDB is read by following its B-tree's pages at random offsets of data.mdb (a \
+             request to the store each), which an object store serves slowly: keep it on a \
              local or shared filesystem"
                 .into(),
         )
