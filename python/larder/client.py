@@ -14,7 +14,7 @@ import grpc
 
 from larder.addresses import DEFAULT_ADDRESS, grpc_target, unix_path
 from larder.batch import Batch, Ragged
-from larder.errors import LarderError, unreachable
+from larder.errors import LarderError, answered, unreachable
 from larder.inputstats import InputStats, Meter, Metered
 from larder.prefetch import StreamState, read_ahead
 from larder.request import stream_request
@@ -129,7 +129,7 @@ class Client:
             self._check_version()
             return method(request)
         except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.UNAVAILABLE:
+            if e.code() == grpc.StatusCode.UNAVAILABLE and not answered(self._version_checked, e.details()):
                 raise LarderError(unreachable(self.address, e.details()), e.code()) from None
             if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                 raise LarderError(version.unimplemented(self.address, e.details()), e.code()) from None

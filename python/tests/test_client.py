@@ -314,3 +314,38 @@ def test_the_daemon_names_a_paths_kind(daemon, tmp_path):
         assert (info.kind, info.num_samples) == ("images", 4)
         assert {d.name: d.kind for d in c.datasets()}[info.name] == "images"
         c.remove_dataset(info.name)
+
+
+def test_an_unavailable_the_daemon_says_is_shown_as_it_said_it(tmp_path):
+    """UNAVAILABLE from the daemon itself (here a gRPC server that answers GetInfo and refuses
+    ListDatasets as a daemon does for a dataset being opened) is the daemon's message, not
+    'no larder daemon ... is larderd running?'."""
+    from concurrent import futures
+
+    import grpc
+
+    from larder import version
+    from larder.v1 import larder_pb2 as pb
+    from larder.v1 import larder_pb2_grpc as pbg
+
+    class Answering(pbg.LarderServicer):
+        def GetInfo(self, request, context):
+            return pb.DaemonInfo(version="0.1.0", api_version=version.API_VERSION,
+                                 min_client_api_version=version.API_VERSION)
+
+        def ListDatasets(self, request, context):
+            context.abort(grpc.StatusCode.UNAVAILABLE, 'dataset "x" is not served now: it is being opened')
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pbg.add_LarderServicer_to_server(Answering(), server)
+    sock = tmp_path / "s.sock"
+    server.add_insecure_port(f"unix:{sock}")
+    server.start()
+    try:
+        with larder.Client(f"unix:{sock}") as c:
+            with pytest.raises(larder.LarderError, match="is being opened") as e:
+                c.datasets()
+            assert "is larderd running" not in str(e.value)
+            assert e.value.code == grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.stop(0)
