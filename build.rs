@@ -16,5 +16,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             &["proto"],
         )?;
     println!("cargo:rerun-if-changed=proto");
+    // A JPEG region decoded through libjpeg's API (libjpeg62-turbo-dev, scripts/setup): a small
+    // C file that turns libjpeg's longjmp errors into return codes.
+    cc::Build::new()
+        .file("src/pipeline/jpeg_region.c")
+        .warnings(true)
+        .compile("larder_jpeg_region");
+    println!("cargo:rustc-link-lib=jpeg");
+    println!("cargo:rerun-if-changed=src/pipeline/jpeg_region.c");
     Ok(())
 }

@@ -73,6 +73,7 @@ fn pipeline(c: &mut Criterion) {
             shorter: 256,
             max_size: None,
             square: false,
+            keep_crop: None,
         },
     };
     g.bench_function("preprocess: decode + resize 256 + planes", |b| {

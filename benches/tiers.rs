@@ -154,27 +154,42 @@ fn raw(c: &mut Criterion) {
 }
 
 fn preprocess(c: &mut Criterion) {
-    let img = image::RgbImage::from_fn(320, 240, |x, y| image::Rgb([x as u8, y as u8, 7]));
+    // A 500x375 photo's size (ImageNet's most common), smooth with some texture.
+    let img = image::RgbImage::from_fn(500, 375, |x, y| {
+        image::Rgb([x as u8, y as u8, ((x * 7 + y * 13) % 251) as u8])
+    });
     let mut jpeg = std::io::Cursor::new(vec![]);
     img.write_to(&mut jpeg, image::ImageFormat::Jpeg).unwrap();
     let jpeg = jpeg.into_inner();
-    let p = Preprocess::Images {
+    let pipeline = |keep_crop| Preprocess::Images {
         ops: vec![FieldOp::rgb()],
         resize: Resize {
             shorter: 256,
             max_size: None,
             square: false,
+            keep_crop,
         },
     };
     let mut g = c.benchmark_group("preprocess");
     g.throughput(Throughput::Elements(1));
-    g.bench_function("jpeg 320x240 -> decode, resize 256", |b| {
-        b.iter_batched(
-            || vec![Value::new(vec![jpeg.len() as u32], jpeg.clone())],
-            |j| black_box(p.apply(j, &Default::default()).unwrap()),
-            BatchSize::SmallInput,
-        )
-    });
+    for (name, p) in [
+        (
+            "jpeg 500x375 -> decode whole, resize 256 (exact)",
+            pipeline(None),
+        ),
+        (
+            "jpeg 500x375 -> decode the crop's region, kept at 224 (region)",
+            pipeline(Some(224)),
+        ),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || vec![Value::new(vec![jpeg.len() as u32], jpeg.clone())],
+                |j| black_box(p.apply(j, &Default::default()).unwrap()),
+                BatchSize::SmallInput,
+            )
+        });
+    }
     g.finish();
 }
 

@@ -241,7 +241,7 @@ proptest! {
                 FieldOp::rgb(),
                 FieldOp::Decode { mode: ImageMode::Index, scale: 1, resample: Resample::Nearest, upright: false },
             ],
-            resize: Resize { shorter, max_size: None, square: false },
+            resize: Resize { shorter, max_size: None, square: false, keep_crop: None },
         };
         let limits = Limits { max_image_pixels: MAX_PIXELS, ..Limits::default() };
         let raw = vec![
@@ -254,6 +254,30 @@ proptest! {
             prop_assert_eq!(&img.dims[1..], &m.dims[..], "the mask follows the image");
             let n: u64 = img.dims.iter().map(|&d| d as u64).product();
             prop_assert_eq!(n, img.data.len() as u64);
+        }
+    }
+
+    /// An image kept at its eval crop, a JPEG decoded by region through libjpeg (the C shim
+    /// and its longjmp errors): whatever the file holds, an error or crop x crop pixels (or the
+    /// image whole, where it is kept smaller than the crop).
+    #[test]
+    fn images_kept_at_their_crop_stay_within_their_limits(
+        image in inputs(image_seeds()),
+        (shorter, crop) in prop::sample::select(vec![(8u32, 8u32), (20, 16), (20, 24)]),
+    ) {
+        let p = Preprocess::Images {
+            ops: vec![FieldOp::rgb()],
+            resize: Resize { shorter, max_size: None, square: false, keep_crop: Some(crop) },
+        };
+        let limits = Limits { max_image_pixels: MAX_PIXELS, ..Limits::default() };
+        let raw = vec![larder::fields::Value::new(vec![image.len() as u32], image)];
+        if let Ok(values) = p.apply(raw, &limits) {
+            let v = &values[0];
+            let n: u64 = v.dims.iter().map(|&d| d as u64).product();
+            prop_assert_eq!(n, v.data.len() as u64);
+            if crop <= shorter {
+                prop_assert_eq!(&v.dims[..], &[3, crop, crop][..]);
+            }
         }
     }
 
@@ -271,7 +295,7 @@ proptest! {
                 resample: Resample::Linear,
                 upright: true,
             }],
-            resize: Resize { shorter, max_size: None, square: false },
+            resize: Resize { shorter, max_size: None, square: false, keep_crop: None },
         };
         let limits = Limits { max_image_pixels: MAX_PIXELS, ..Limits::default() };
         let raw = vec![larder::fields::Value::new(vec![image.len() as u32], image)];

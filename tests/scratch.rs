@@ -295,12 +295,14 @@ async fn image_folders_are_decoded_resized_and_cropped_once() {
     ))
     .unwrap();
     let d = Daemon::start(config).await.unwrap();
+    // An eval-only dataset: each image kept at its 12x12 eval crop (decode = "region").
     let p = Preprocess::Images {
         ops: vec![FieldOp::rgb()],
         resize: Resize {
             shorter: 16,
             max_size: None,
             square: false,
+            keep_crop: Some(12),
         },
     };
     // Batches carry the center 12x12 of the image kept at shorter side 16.

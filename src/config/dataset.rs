@@ -47,6 +47,12 @@ pub struct DatasetConfig {
     /// folders; HDF5 arrays are served at their stored size).
     #[serde(default)]
     pub crop: Option<u32>,
+    /// Image fields of a dataset without a train pipeline, served only at their eval crop:
+    /// "region" (default) keeps each at crop x crop and decodes only the part of the file the
+    /// crop covers (within a pixel value or so of "exact"); "exact" decodes whole and keeps the
+    /// resized image, byte for byte as before.
+    #[serde(default)]
+    pub decode: DecodeMode,
     /// The train pipeline, which streams ask for with pipeline = "train": random crops and
     /// flips, drawn per sample from (seed, epoch, sample id). Absent: the dataset has only the
     /// eval pipeline.
@@ -115,6 +121,17 @@ pub enum OnError {
     Skip,
     /// The stream ends with an error naming the file.
     Fail,
+}
+
+/// What an eval-only dataset's images are kept and decoded as (`decode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecodeMode {
+    /// Kept at the eval crop; only the file's part under it decoded.
+    #[default]
+    Region,
+    /// Decoded whole, kept at the resized size.
+    Exact,
 }
 
 /// How an image is decoded.

@@ -5,7 +5,7 @@ mod dataset;
 pub mod keys;
 
 pub use dataset::{
-    DatasetConfig, FieldConfig, ImageMode, OnError, PairConfig, TrainConfig, TrainCrop,
+    DatasetConfig, DecodeMode, FieldConfig, ImageMode, OnError, PairConfig, TrainConfig, TrainCrop,
 };
 
 use anyhow::{bail, Context, Result};

@@ -195,7 +195,7 @@ fn spatial_dims(f: &FieldSpec) -> (Option<u32>, Option<u32>) {
 
 /// The offset of a centered `out` in `size`: torchvision's `CenterCrop` (rounding half to
 /// even; negative, so zeros around it, when the image is smaller).
-fn center(size: u32, out: u32) -> i64 {
+pub(crate) fn center(size: u32, out: u32) -> i64 {
     if size < out {
         return -(((out - size) / 2) as i64);
     }

@@ -133,7 +133,7 @@ thread_local! {
 }
 
 /// The scaling libjpeg-turbo applies fast (in the IDCT): 1/8, 1/4, 1/2, 1.
-const DCT_SCALES: [u32; 4] = [8, 4, 2, 1];
+pub(crate) const DCT_SCALES: [u32; 4] = [8, 4, 2, 1];
 
 fn with_decompressor<T>(f: impl FnOnce(raw::tjhandle) -> Result<T>) -> Result<T> {
     DECOMPRESSOR.with(|cell| {
@@ -147,6 +147,14 @@ fn with_decompressor<T>(f: impl FnOnce(raw::tjhandle) -> Result<T>) -> Result<T>
         let handle = cell.as_ref().map(|h| h.0).unwrap_or(std::ptr::null_mut());
         f(handle)
     })
+}
+
+/// The (W, H) a JPEG's header gives, if `encoded` is a JPEG (else None).
+pub fn jpeg_size(encoded: &[u8]) -> Result<Option<(u32, u32)>> {
+    if !encoded.starts_with(&[0xFF, 0xD8]) {
+        return Ok(None);
+    }
+    with_decompressor(|h| jpeg_header(h, encoded).map(|(size, _)| Some(size)))
 }
 
 /// The JPEG's ((W, H), colorspace).

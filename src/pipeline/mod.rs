@@ -7,6 +7,7 @@ pub mod decode;
 mod exif;
 pub mod planes;
 mod preprocess;
+mod region;
 
 pub use augment::{Crop, Cut, Pipeline, Spatial};
 pub use preprocess::{prepare, FieldOp, Parse, Preprocess, Resize};

@@ -76,6 +76,42 @@ pub fn resize_interleaved_into(
     Ok(dst.into_vec())
 }
 
+/// The box (left, top, width, height, in pixels of `src`, fractions allowed) of interleaved
+/// pixels of `channels` bytes resized to (nw, nh): each output pixel's window and weights as
+/// resizing the whole image would give them at the box's scale (fast_image_resize's crop).
+pub fn resize_box_into(
+    src: &[u8],
+    (w, h): (u32, u32),
+    channels: u32,
+    (left, top, bw, bh): (f64, f64, f64, f64),
+    (nw, nh): (u32, u32),
+    resample: Resample,
+    mut buf: Vec<u8>,
+) -> Result<Vec<u8>> {
+    let pixel = match channels {
+        1 => PixelType::U8,
+        3 => PixelType::U8x3,
+        4 => PixelType::U8x4,
+        c => anyhow::bail!("cannot resize pixels of {c} channels"),
+    };
+    let src = ImageRef::new(w, h, src, pixel).context("image buffer")?;
+    let len = nw as usize * nh as usize * channels as usize;
+    buf.truncate(len);
+    buf.resize(len, 0);
+    let mut dst = Image::from_vec_u8(nw, nh, buf, pixel).context("output buffer")?;
+    RESIZER.with(|r| {
+        r.borrow_mut().resize(
+            &src,
+            &mut dst,
+            &ResizeOptions::new()
+                .resize_alg(algorithm(resample))
+                .crop(left, top, bw, bh)
+                .use_alpha(false),
+        )
+    })?;
+    Ok(dst.into_vec())
+}
+
 /// RGB pixels padded to 4 bytes (`decode::Out::Rgbx`) as three planes: [3, H, W]. SIMD
 /// (SSSE3) where the CPU has it: 8% of a cold epoch's CPU went to the plain loop over 3-byte
 /// pixels this replaced, a few tenths of a percent to this.

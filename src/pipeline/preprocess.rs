@@ -65,6 +65,9 @@ pub struct Resize {
     pub shorter: u32,
     pub max_size: Option<u32>,
     pub square: bool,
+    /// Kept at this centered crop of the resized image (an eval-only dataset's `crop`, with
+    /// `decode = "region"`): of a dataset with one image field, an image at least that large.
+    pub keep_crop: Option<u32>,
 }
 
 impl Resize {
@@ -207,6 +210,13 @@ fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample, limits: &Limits) -> 
     );
     // The reference's size as kept, (W, H), once its file is read.
     let mut kept: Option<(u32, u32)> = None;
+    // Kept at the eval crop: a dataset of one image field (a paired field would need the same
+    // cut at its scale), decoded only over the crop where the file allows.
+    let decoded_fields = ops
+        .iter()
+        .filter(|o| matches!(o, FieldOp::Decode { .. }))
+        .count();
+    let keep_crop = resize.keep_crop.filter(|_| decoded_fields == 1);
     let mut out = Vec::with_capacity(raw.len());
     for (k, (op, value)) in ops.iter().zip(raw).enumerate() {
         let (mode, scale, resample, upright) = match op {
@@ -237,6 +247,23 @@ fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample, limits: &Limits) -> 
                 return Ok(Value::new(vec![h, w], px));
             }
             let grey = *mode == ImageMode::Gray;
+            if let (Some(k), false, false, 1) = (keep_crop, grey, upright, s) {
+                if let Some(full) = decode::jpeg_size(&value.data)? {
+                    check_pixels_of(full, max_pixels)?;
+                    let size = resize.size(full);
+                    kept = Some(size);
+                    if let Some(v) = super::region::kept_at_crop(
+                        &value.data,
+                        full,
+                        size,
+                        k,
+                        *resample,
+                        max_pixels,
+                    )? {
+                        return Ok(v);
+                    }
+                }
+            }
             // Decoded at 1/2, 1/4 or 1/8 when that still leaves enough pixels for the size
             // kept (the reference's size is known from the file's header). The size kept is
             // the one the file's own (W, H) gives, as torchvision computes it, never the
@@ -280,13 +307,32 @@ fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample, limits: &Limits) -> 
                 let buf = std::mem::take(resized);
                 let buf = resize_interleaved_into(pixels, (w, h), c, (nw, nh), *resample, buf)?;
                 *resized = buf;
-                let done: &[u8] = resized;
+                // Kept at the eval crop: its centered crop x crop (an image smaller than that
+                // is kept whole, and padded where it is served, as before).
+                let (done, nw, nh) = match keep_crop {
+                    Some(k) if nw >= k && nh >= k => {
+                        let (x, y) = (
+                            super::augment::center(nw, k) as usize,
+                            super::augment::center(nh, k) as usize,
+                        );
+                        let (row, cc) = (nw as usize * c as usize, c as usize);
+                        let cut: Vec<u8> = (y..y + k as usize)
+                            .flat_map(|r| {
+                                &resized[r * row + x * cc..r * row + (x + k as usize) * cc]
+                            })
+                            .copied()
+                            .collect();
+                        (std::borrow::Cow::Owned(cut), k, k)
+                    }
+                    _ => (std::borrow::Cow::Borrowed(&resized[..]), nw, nh),
+                };
                 // RGBX to three planes; grey is one plane as it is.
                 let value = if c == 4 {
-                    Value::new(vec![3, nh, nw], rgbx_to_planes(done))
+                    Value::new(vec![3, nh, nw], rgbx_to_planes(&done))
                 } else {
                     Value::new(vec![c, nh, nw], done.to_vec())
                 };
+                drop(done);
                 // A huge image's buffers are not kept for the thread's life (outside the budget).
                 for buf in [decoded, resized] {
                     if buf.capacity() > KEPT_BUFFER_MAX {
@@ -300,6 +346,11 @@ fn images(ops: &[FieldOp], resize: &Resize, raw: RawSample, limits: &Limits) -> 
         out.push(decoded);
     }
     Ok(out)
+}
+
+/// Refuses an image whose header's (W, H) is over `max_pixels`.
+fn check_pixels_of((w, h): (u32, u32), max_pixels: u64) -> Result<()> {
+    decode::check_pixels(w, h, max_pixels)
 }
 
 /// (W, H) times `scale`, checked: a paired field's size.
@@ -378,6 +429,7 @@ mod tests {
                     shorter,
                     max_size: None,
                     square: false,
+                    keep_crop: None,
                 },
             };
             let raw = vec![Value::new(vec![file.len() as u32], file.clone())];
@@ -421,6 +473,7 @@ mod tests {
             shorter: side,
             max_size: None,
             square: false,
+            keep_crop: None,
         }
     }
 
@@ -564,6 +617,7 @@ mod tests {
             shorter: 0,
             max_size: None,
             square: false,
+            keep_crop: None,
         };
         let p = Preprocess::Images {
             ops: vec![FieldOp::Keep, FieldOp::Parse(Parse::Int64Text)],

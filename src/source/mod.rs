@@ -131,10 +131,14 @@ pub fn format_of(c: &DatasetConfig) -> Result<&'static dyn Format> {
 /// The size dataset `c`'s images are kept at, read as `format` (its default crop when the
 /// table gives none).
 fn resize_of(format: &dyn Format, c: &DatasetConfig) -> crate::pipeline::Resize {
+    let crop = c.crop_size(format.default_crop());
     crate::pipeline::Resize {
-        shorter: c.kept_size(c.crop_size(format.default_crop())),
+        shorter: c.kept_size(crop),
         max_size: c.max_size,
         square: c.square,
+        // Served only at its eval crop: kept at it.
+        keep_crop: crop
+            .filter(|_| c.train.is_none() && c.decode == crate::config::DecodeMode::Region),
     }
 }
 
