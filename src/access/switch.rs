@@ -126,15 +126,179 @@ pub fn open_no_magiclinks(path: &Path, flags: libc::c_int) -> io::Result<std::fs
         )
     };
     if fd < 0 {
-        return Err(io::Error::last_os_error());
+        let e = io::Error::last_os_error();
+        // A seccomp filter that cannot read openat2's flags answers ENOSYS (systemd's
+        // RestrictSUIDSGID=, which the unit sets): resolved a component at a time instead.
+        if e.raw_os_error() == Some(libc::ENOSYS) {
+            return open_walking(path, flags);
+        }
+        return Err(e);
     }
     // SAFETY: a descriptor just opened, owned by nothing else.
     Ok(unsafe { std::fs::File::from_raw_fd(fd as libc::c_int) })
 }
 
+/// The most symbolic links one open follows (the kernel's own limit).
+const MOST_LINKS: u32 = 40;
+
+/// `open_no_magiclinks` without openat2: `path` resolved a component at a time (each opened
+/// `O_PATH | O_NOFOLLOW` from the folder before it, with the thread's identity), each symbolic
+/// link followed by its target's text, except one on procfs (the file system of every magic
+/// link): that is refused with ELOOP as openat2 refuses it, but for procfs's plain links
+/// (`self`, `thread-self`, `mounts`, `net`). The last component is opened with `O_NOFOLLOW`:
+/// swapped for a link after it was looked at, it is refused, not followed.
+fn open_walking(path: &Path, flags: libc::c_int) -> io::Result<std::fs::File> {
+    use std::collections::VecDeque;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let open_at = |dir: libc::c_int, name: &[u8], flags: libc::c_int| -> io::Result<OwnedFd> {
+        let c = CString::new(name)?;
+        // SAFETY: a NUL-terminated name and a descriptor of ours (or AT_FDCWD).
+        let fd = unsafe { libc::openat(dir, c.as_ptr(), flags | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor just opened, owned by nothing else.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    };
+    let stat_of = |fd: &OwnedFd| -> io::Result<libc::stat> {
+        // SAFETY: a descriptor of ours and a stat struct to fill.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(st)
+    };
+    // procfs's device, where /proc is mounted (no magic link exists where it is not).
+    let proc_dev = std::fs::metadata("/proc").ok().map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.dev()
+    });
+    let path_flags = libc::O_PATH | libc::O_NOFOLLOW;
+    let components = |p: &[u8]| -> Vec<Vec<u8>> {
+        let mut out = vec![];
+        if p.starts_with(b"/") {
+            out.push(b"/".to_vec());
+        }
+        out.extend(
+            p.split(|&b| b == b'/')
+                .filter(|c| !c.is_empty() && *c != b".")
+                .map(<[u8]>::to_vec),
+        );
+        out
+    };
+    let mut pending: VecDeque<Vec<u8>> = components(path.as_os_str().as_bytes()).into();
+    let mut dir = open_at(libc::AT_FDCWD, b".", libc::O_PATH | libc::O_DIRECTORY)?;
+    let mut links = 0;
+    while let Some(name) = pending.pop_front() {
+        if name == b"/" {
+            dir = open_at(libc::AT_FDCWD, b"/", libc::O_PATH | libc::O_DIRECTORY)?;
+            continue;
+        }
+        let fd = open_at(dir.as_raw_fd(), &name, path_flags)?;
+        let st = stat_of(&fd)?;
+        if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+            links += 1;
+            let plain = [&b"self"[..], b"thread-self", b"mounts", b"net"].contains(&&name[..]);
+            if links > MOST_LINKS || (Some(st.st_dev) == proc_dev && !plain) {
+                return Err(io::Error::from_raw_os_error(libc::ELOOP));
+            }
+            let mut target = vec![0u8; libc::PATH_MAX as usize];
+            // SAFETY: an O_PATH descriptor of the link itself (empty name: the link), and a
+            // buffer of the length given.
+            let n = unsafe {
+                libc::readlinkat(
+                    fd.as_raw_fd(),
+                    c"".as_ptr(),
+                    target.as_mut_ptr().cast(),
+                    target.len(),
+                )
+            };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            target.truncate(n as usize);
+            for c in components(&target).into_iter().rev() {
+                pending.push_front(c);
+            }
+            continue;
+        }
+        if pending.is_empty() {
+            if flags & libc::O_PATH != 0 {
+                return Ok(std::fs::File::from(fd));
+            }
+            let file = open_at(
+                dir.as_raw_fd(),
+                &name,
+                libc::O_RDONLY | libc::O_NOFOLLOW | flags,
+            )?;
+            return Ok(std::fs::File::from(file));
+        }
+        dir = fd;
+    }
+    // The path named a folder by "/" or ".": that folder.
+    let last = if flags & libc::O_PATH != 0 {
+        dir
+    } else {
+        open_at(dir.as_raw_fd(), b".", libc::O_RDONLY | flags)?
+    };
+    Ok(std::fs::File::from(last))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The walk that stands in for openat2 where a filter refuses it: what openat2 opens, it
+    /// opens (the same file); what openat2 refuses, it refuses.
+    #[test]
+    fn the_walk_without_openat2_opens_and_refuses_as_openat2_does() {
+        use std::os::unix::fs::{symlink, MetadataExt};
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("a/b")).unwrap();
+        std::fs::write(d.join("a/b/f"), b"f").unwrap();
+        symlink("b/f", d.join("a/rel")).unwrap();
+        symlink(d.join("a/b"), d.join("abs")).unwrap();
+        symlink("../rel", d.join("a/b/up")).unwrap();
+        symlink("loop2", d.join("loop1")).unwrap();
+        symlink("loop1", d.join("loop2")).unwrap();
+        let held = std::fs::File::open(d.join("a/b/f")).unwrap();
+        use std::os::fd::AsRawFd;
+        symlink(
+            format!("/proc/self/fd/{}", held.as_raw_fd()),
+            d.join("magic"),
+        )
+        .unwrap();
+        symlink("/proc/self/cwd", d.join("cwd")).unwrap();
+        let inode = std::fs::metadata(d.join("a/b/f")).unwrap().ino();
+        for p in [
+            d.join("a/b/f"),
+            d.join("a/rel"),
+            d.join("abs/f"),
+            d.join("a/b/up"),
+            d.join("a/./b/../b/f"),
+        ] {
+            let walked = open_walking(&p, 0).unwrap();
+            assert_eq!(walked.metadata().unwrap().ino(), inode, "{}", p.display());
+            assert_eq!(
+                open_no_magiclinks(&p, 0).unwrap().metadata().unwrap().ino(),
+                inode
+            );
+        }
+        // procfs's plain links are followed; its magic ones, and loops, refused.
+        assert!(open_walking(Path::new("/proc/self/status"), 0).is_ok());
+        for p in [d.join("magic"), d.join("cwd/x"), d.join("loop1")] {
+            let e = open_walking(&p, 0).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::ELOOP), "{}: {e}", p.display());
+        }
+        assert_eq!(
+            open_walking(&d.join("a/nope"), 0).unwrap_err().kind(),
+            io::ErrorKind::NotFound
+        );
+        // A folder, and O_PATH.
+        assert!(open_walking(&d.join("abs"), libc::O_DIRECTORY).is_ok());
+        assert!(open_walking(&d.join("a/rel"), libc::O_PATH).is_ok());
+    }
 
     #[test]
     fn magic_links_are_refused_and_plain_files_open() {

@@ -166,6 +166,11 @@ mod calls {
         libc::SYS_prlimit64,
         libc::SYS_exit,
         libc::SYS_exit_group,
+        // Landlock only takes rights away: the reader installs this filter first and holds
+        // itself to its dataset's files after its walk.
+        libc::SYS_landlock_create_ruleset,
+        libc::SYS_landlock_add_rule,
+        libc::SYS_landlock_restrict_self,
     ];
 }
 
@@ -541,8 +546,10 @@ mod tests {
             .collect();
         let rules = rules_for(&data, &files);
         assert!(rules.contains(&elsewhere), "{rules:?}");
+        // In the order a reader takes: its seccomp filter first, then Landlock after its walk.
         assert!(in_child(|| {
             no_new_privs();
+            restrict_syscalls().unwrap();
             assert!(matches!(
                 restrict_files(&rules).unwrap(),
                 Landlocked::Abi(_)
