@@ -125,6 +125,10 @@ class Larderd:
             f"[memory]\nbudget_bytes = {budget}\nmessage_bytes = {256 << 20}\n"
             f'[[dataset]]\nname = "pics"\ntcp = true\nkind = "images"\npath = "{folder}"\nresize = 256\ncrop = 224\n'
             "[dataset.train]\n"
+            # The same folder as an eval-only dataset (no train pipeline): kept at its eval crop
+            # and decoded by region (decode = "region", the default; a build before that keeps
+            # it whole).
+            f'[[dataset]]\nname = "pics-eval"\nkind = "images"\npath = "{folder}"\nresize = 256\ncrop = 224\n'
         )
         self.log = open(self.dir / "larderd.log", "wb")
         self.proc = subprocess.Popen([binary, "--config", str(self.dir / "larder.toml")], stderr=self.log)
@@ -180,9 +184,12 @@ def main():
                    help="a folder holding Pillow-SIMD (pip install --target): torchvision's eval recipe with it too")
     p.add_argument("--before", default=None,
                    help="another larderd binary (a build before a change): its cold epoch too, taking turns")
+    p.add_argument("--reader-user", default="nobody" if os.geteuid() == 0 else None,
+                   help="the shipped configuration's rows: readers as this user (default, as root: nobody)")
     results.add_options(p)
     args = p.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="larder-images-"))
+    os.chmod(tmp, 0o755)  # the readers' user reads the folder
     folder = tmp / "photos"
     disk = write_folder(folder, args.images)
     os.sync()  # no writeback of the new files during the measurements
@@ -208,14 +215,27 @@ def main():
     def add(name, rate):
         rows.setdefault(name, []).append(rate)
 
-    def cold_before(r):
-        d = Larderd(args.before, tmp, f"before{r}", folder, budget)
+    def cold(row, binary, dataset, name, reader_user=None):
+        """One cold epoch of `dataset` through a fresh daemon of `binary`."""
+        d = Larderd(binary, tmp, name, folder, budget, reader_user=reader_user)
         try:
-            ds = LarderIterableDataset("pics", BATCH, address=d.address, seed=1)
-            add("larder cold epoch, the build before", epoch_rate(DataLoader(ds, batch_size=None, num_workers=0)))
+            ds = LarderIterableDataset(dataset, BATCH, address=d.address, seed=1)
+            add(row, epoch_rate(DataLoader(ds, batch_size=None, num_workers=0)))
         finally:
             d.stop()
         shutil.rmtree(d.dir)
+
+    def cold_before(r):
+        cold("larder cold epoch, the build before", args.before, "pics", f"before{r}")
+        cold("larder cold epoch, eval-only dataset, the build before", args.before, "pics-eval", f"before-eval{r}")
+
+    def cold_shipped(r):
+        # As the package ships it: the config's datasets read by readers (reader_user).
+        if args.reader_user:
+            cold("larder cold epoch, shipped (readers)", args.larderd, "pics", f"shipped{r}", args.reader_user)
+            cold("larder cold epoch, shipped (readers), eval-only dataset (region decode)", args.larderd, "pics-eval",
+                 f"shipped-eval{r}", args.reader_user)
+        cold("larder cold epoch, eval-only dataset (region decode)", args.larderd, "pics-eval", f"eval{r}")
 
     for r in range(args.rounds):
         for name, loader in torchvision.items():
@@ -224,6 +244,8 @@ def main():
             add(EVAL_SIMD, simd_rate(args.simd, folder))
         if args.before and r % 2 == 0:
             cold_before(r)
+        if r % 2 == 1:
+            cold_shipped(r)
         # Cold: one epoch through a fresh daemon, everything decoded on the way; then warm ones.
         d = Larderd(args.larderd, tmp, f"cold{r}", folder, budget)
         try:
@@ -239,6 +261,8 @@ def main():
         shutil.rmtree(d.dir)
         if args.before and r % 2 == 1:
             cold_before(r)
+        if r % 2 == 0:
+            cold_shipped(r)
         d = Larderd(args.larderd, tmp, f"warm{r}", folder, budget)
         try:
             t = time.perf_counter()
