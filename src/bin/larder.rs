@@ -94,11 +94,12 @@ enum Command {
 struct AddArgs {
     /// NAME: the dataset becomes USER/NAME (letters, digits, '.', '_', '-').
     name: String,
-    /// The dataset's file or folder, read as: a folder with `state.json` or
-    /// `dataset_dict.json` (`save_to_disk`) as hf; a `.npy`/`.npz` file or a folder with
-    /// `.npy` files as npy; a `.parquet` file as parquet; a `.tar` file as webdataset; an
-    /// `.mdb` file or a folder with `data.mdb` as lmdb; an `.h5`/`.hdf5` file as hdf5; any
-    /// other folder as images (class subfolders of JPEG/PNG files). `--kind` for the rest.
+    /// The dataset's file or folder, read as the first of these that fits: a `.npy`/`.npz`
+    /// file or a folder with `.npy` files as npy; a folder with `state.json` or
+    /// `dataset_dict.json` (`save_to_disk`) as hf; a `.parquet` file as parquet; a `.tar` file
+    /// as webdataset; an `.mdb` file or a folder with `data.mdb` as lmdb; any other folder as
+    /// images (class subfolders of JPEG/PNG files); a file with the HDF5 signature or an
+    /// `.h5`/`.hdf5`/`.hdf` name as hdf5. `--kind` for the rest.
     path: PathBuf,
     /// The source's kind: hdf5, images, npy, hf, parquet, webdataset or lmdb (default: the
     /// kind the daemon recognises the path as).
