@@ -173,7 +173,19 @@ class Ring:
 
     @property
     def closed(self) -> bool:
-        return self._sock.fileno() < 0
+        """Given back, or gone with the daemon that made it (a daemon restarted, by an upgrade
+        say, knows none of the rings before it): its connection closed at the other end."""
+        if self._sock.fileno() < 0:
+            return True
+        try:
+            gone = self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            gone = False
+        except OSError:
+            gone = True
+        if gone:
+            self._sock.close()
+        return gone
 
 
 def _unregister(ptr: int) -> None:

@@ -475,3 +475,20 @@ def test_a_pinned_rings_registration_and_release_without_a_gpu(daemon, monkeypat
     unregistered = [i for i, k in enumerate(cuda.calls) if k[0] == "unregister"]
     assert len(unregistered) == 1 and cuda.calls[unregistered[0]][1] == registered[0][1], cuda.calls
     assert cuda.calls[unregistered[0] - 1] == ("synchronize",), "the queued copies finish first"
+
+
+def test_a_client_whose_daemon_restarted_between_epochs_makes_a_new_ring(tmp_path):
+    """A ring left idle after an epoch dies with the daemon that made it (an upgrade restarts
+    it): the client's next epoch, on the restarted daemon, makes a new ring and is exact."""
+    from conftest import h5_table
+
+    make_h5(tmp_path / "a.h5", 64)
+    d = Daemon(tmp_path, h5_table("a", tmp_path / "a.h5"))
+    try:
+        with larder.Client(d.unix, reconnect_timeout=30) as c:
+            check(c.stream("a", 8, seed=1, epoch=0, transport="shm"), range(64))
+            d.stop()
+            d.start()
+            check(c.stream("a", 8, seed=1, epoch=1, transport="shm"), range(64))
+    finally:
+        d.stop()
