@@ -5,7 +5,8 @@
 /// The peer of a Unix-socket connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Peer {
-    /// Its process id (None where the kernel does not say).
+    /// Its process id (None where the kernel does not say: over TCP, or from another pid
+    /// namespace).
     pub pid: Option<i32>,
     /// Its user id.
     pub uid: u32,
@@ -14,7 +15,9 @@ pub struct Peer {
 impl From<tokio::net::unix::UCred> for Peer {
     fn from(cred: tokio::net::unix::UCred) -> Peer {
         Peer {
-            pid: cred.pid(),
+            // 0: a process in another pid namespace (a container's), which the kernel does
+            // not name to the daemon.
+            pid: cred.pid().filter(|&p| p > 0),
             uid: cred.uid(),
         }
     }

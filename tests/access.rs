@@ -134,7 +134,7 @@ fn set_mode(p: &Path, mode: u32) {
 #[test]
 #[ignore = "adds users and groups: needs root (scripts/test runs it as root)"]
 fn each_user_reads_through_larder_only_what_they_could_read_themselves() {
-    assert_eq!(unsafe { libc::geteuid() }, 0, "run as root");
+    assert_eq!(larder::access::euid(), 0, "run as root");
     let users = Users::make();
     let (alice, bob) = (users.uid(0), users.uid(1));
     let dir = tempfile::tempdir().unwrap();
@@ -304,7 +304,7 @@ fn each_user_reads_through_larder_only_what_they_could_read_themselves() {
 #[ignore = "adds users and groups: needs root (scripts/test runs it as root)"]
 fn check_cost() {
     use larder::access::{check, Caller, Guard, Identity};
-    assert_eq!(unsafe { libc::geteuid() }, 0, "run as root");
+    assert_eq!(larder::access::euid(), 0, "run as root");
     let users = Users::make();
     let dir = tempfile::tempdir().unwrap();
     set_mode(dir.path(), 0o755);
@@ -397,7 +397,7 @@ fn wait_listed(uid: u32, socket: &Path, name: &str) {
 #[test]
 #[ignore = "adds users and groups: needs root (scripts/test runs it as root)"]
 fn users_add_their_own_datasets_read_with_their_own_rights() {
-    assert_eq!(unsafe { libc::geteuid() }, 0, "run as root");
+    assert_eq!(larder::access::euid(), 0, "run as root");
     let users = Users::make();
     let (alice, bob) = (users.uid(0), users.uid(1));
     let (an, bn) = (users.names[0].clone(), users.names[1].clone());
@@ -618,7 +618,7 @@ fn users_add_their_own_datasets_read_with_their_own_rights() {
 #[test]
 #[ignore = "adds users and groups: needs root (scripts/test runs it as root)"]
 fn symlinks_in_a_users_dataset_serve_no_byte_they_could_not_read() {
-    assert_eq!(unsafe { libc::geteuid() }, 0, "run as root");
+    assert_eq!(larder::access::euid(), 0, "run as root");
     let users = Users::make();
     let (alice, bob) = (users.uid(0), users.uid(1));
     let an = users.names[0].clone();
@@ -751,7 +751,7 @@ fn larderd_processes_of(uid: u32) -> Vec<u32> {
 #[test]
 #[ignore = "adds users and groups: needs root (scripts/test runs it as root)"]
 fn a_users_files_are_parsed_by_a_reader_as_them_and_its_failure_is_theirs_alone() {
-    assert_eq!(unsafe { libc::geteuid() }, 0, "run as root");
+    assert_eq!(larder::access::euid(), 0, "run as root");
     let users = Users::make();
     let (alice, bob) = (users.uid(0), users.uid(1));
     let (an, bn) = (users.names[0].clone(), users.names[1].clone());
@@ -787,6 +787,7 @@ fn a_users_files_are_parsed_by_a_reader_as_them_and_its_failure_is_theirs_alone(
         fn drop(&mut self) {
             for uid in &self.0 {
                 for p in larderd_processes_of(*uid) {
+                    // SAFETY: kill with a pid and a signal number has no memory effects.
                     unsafe { libc::kill(p as i32, libc::SIGKILL) };
                 }
             }
@@ -871,6 +872,7 @@ fn a_users_files_are_parsed_by_a_reader_as_them_and_its_failure_is_theirs_alone(
     // (Rust's stack-overflow handler takes the first SIGSEGV that is sent rather than caused by
     // a fault, and puts the default action back: the second is the crash.)
     for _ in 0..2 {
+        // SAFETY: kill with a pid and a signal number has no memory effects.
         unsafe { libc::kill(reader as i32, libc::SIGSEGV) };
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -906,6 +908,7 @@ fn a_users_files_are_parsed_by_a_reader_as_them_and_its_failure_is_theirs_alone(
     // Her reader hangs (stopped): her stream ends within 10 s, bob's does not notice.
     let readers = larderd_processes_of(alice);
     assert_eq!(readers.len(), 1, "a new reader: {readers:?}");
+    // SAFETY: kill with a pid and a signal number has no memory effects.
     unsafe { libc::kill(readers[0] as i32, libc::SIGSTOP) };
     let started = Instant::now();
     let failed = bench(alice, &mine);
@@ -941,7 +944,7 @@ fn a_users_files_are_parsed_by_a_reader_as_them_and_its_failure_is_theirs_alone(
 #[test]
 #[ignore = "adds users and groups: needs root (scripts/test runs it as root)"]
 fn the_configs_datasets_are_read_by_the_reader_user_never_by_the_daemon() {
-    assert_eq!(unsafe { libc::geteuid() }, 0, "run as root");
+    assert_eq!(larder::access::euid(), 0, "run as root");
     let users = Users::make();
     let alice = users.uid(0);
     let reader_name = format!("{}rd", users.names[0]);
@@ -1047,7 +1050,7 @@ fn the_configs_datasets_are_read_by_the_reader_user_never_by_the_daemon() {
 #[test]
 #[ignore = "adds users and groups: needs root (scripts/test runs it as root)"]
 fn the_daemonsets_start_as_root_with_two_capabilities_serves_as_its_own_user() {
-    assert_eq!(unsafe { libc::geteuid() }, 0, "run as root");
+    assert_eq!(larder::access::euid(), 0, "run as root");
     let users = Users::make();
     let alice = users.uid(0);
     let an = users.names[0].clone();

@@ -54,6 +54,7 @@ impl Larderd {
         let after_name = &stat[stat.rfind(')').unwrap() + 2..];
         let f: Vec<&str> = after_name.split(' ').collect();
         let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+        // SAFETY: sysconf with a constant name has no memory effects.
         ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
     }
 
@@ -275,6 +276,7 @@ async fn a_dataset_that_does_not_open_is_reported_and_the_others_served() {
     drop(file);
     // A FIFO where the file should be: HDF5 would wait for a writer forever, holding its lock.
     let fifo = std::ffi::CString::new(p.join("fifo.h5").to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path that outlives the call.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
     // An external link to a FIFO: following it would block HDF5's open (and its one lock).
     let file = hdf5::File::create(p.join("tofifo.h5")).unwrap();
@@ -431,6 +433,7 @@ async fn lying_headers_bombs_and_files_that_are_not_files_are_bad_samples() {
     // Not regular files: a device behind a symlink, and a FIFO nobody writes to.
     std::os::unix::fs::symlink("/dev/zero", cls.join("zero.jpg")).unwrap();
     let fifo = std::ffi::CString::new(cls.join("fifo.jpg").to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path that outlives the call.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
     let tables = format!(
         "[[dataset]]\nname = \"pics\"\ntcp = true\nkind = \"images\"\nresize = 0\ncrop = 0\npath = {:?}\n",

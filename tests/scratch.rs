@@ -549,7 +549,7 @@ fn check_epoch_ids(batches: &[Batch], n: u64) {
 fn cold_scratch_reads() {
     use larder::tiers::scratch::{ScratchSpace, ScratchTier};
     use std::time::Instant;
-    assert_eq!(unsafe { libc::geteuid() }, 0, "run as root");
+    assert_eq!(larder::access::euid(), 0, "run as root");
     // On the disk (not tmpfs): /var/tmp.
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let (n, size) = (1200u64, 262_144usize); // records of a 3x256x341 image
@@ -559,6 +559,7 @@ fn cold_scratch_reads() {
         assert!(tier.write(i, &vec![(i % 251) as u8; size]));
     }
     let drop_caches = || {
+        // SAFETY: sync has no arguments and no memory effects.
         unsafe { libc::sync() };
         std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
     };

@@ -45,7 +45,7 @@ def test_the_daemonset_starts_larderd_as_the_start_the_root_tests_run():
 def test_the_shell_scripts_are_shellcheck_clean():
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck is not installed (scripts/setup installs it)")
-    scripts = [REPO / p for p in ("scripts/setup", "scripts/test", "scripts/package", "scripts/test-package", "scripts/test-systemd",
+    scripts = [REPO / p for p in ("scripts/setup", "scripts/test", "scripts/package", "scripts/test-package", "scripts/test-systemd", "scripts/test-image",
                                   "deploy/install.sh", "deploy/debian/postinst", "deploy/debian/prerm",
                                   "deploy/debian/postrm", ".ci/run")]
     scripts += sorted((REPO / "deploy" / "slurm").iterdir())

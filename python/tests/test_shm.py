@@ -492,3 +492,31 @@ def test_a_client_whose_daemon_restarted_between_epochs_makes_a_new_ring(tmp_pat
             check(c.stream("a", 8, seed=1, epoch=1, transport="shm"), range(64))
     finally:
         d.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a pid namespace of its own for larderd needs root")
+def test_a_client_the_daemon_cannot_name_gets_batches_in_messages(tmp_path):
+    """larderd in a pid namespace of its own (a container's) cannot name a client outside it
+    (the kernel says pid 0): its ring request is refused at once, and the default transport
+    streams the epoch in messages, exactly."""
+    from conftest import h5_table, larderd_binary
+
+    make_h5(tmp_path / "a.h5", 64)
+    sock = tmp_path / "larder.sock"
+    config = tmp_path / "larder.toml"
+    config.write_text(f'unix_socket = "{sock}"\nunix_socket_mode = 0o666\n[scratch]\nenabled = false\n'
+                      + h5_table("a", tmp_path / "a.h5"))
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", str(larderd_binary()),
+                             "--config", str(config)], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 20
+        while not sock.exists():
+            assert proc.poll() is None and time.time() < deadline, "larderd did not start"
+            time.sleep(0.05)
+        with larder.Client(f"unix:{sock}") as c:
+            check(c.stream("a", 8, seed=1), range(64))
+            with pytest.raises(larder.LarderError, match="another pid namespace"):
+                list(c.stream("a", 8, seed=1, transport="shm"))
+    finally:
+        proc.kill()  # unshare's --kill-child takes larderd with it
+        proc.wait(timeout=20)

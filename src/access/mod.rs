@@ -456,6 +456,7 @@ fn passwd_entry(
     ) -> libc::c_int,
 ) -> Option<(CString, u32, u32)> {
     let mut buf = vec![0u8; 16384];
+    // SAFETY: passwd is a plain C struct of integers and pointers: all zero is a valid value (getpwnam_r fills it).
     let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
     let mut out = std::ptr::null_mut();
     let rc = lookup(&mut pwd, buf.as_mut_ptr().cast(), buf.len(), &mut out);
@@ -538,6 +539,7 @@ pub fn uid_of(name: &str) -> Option<u32> {
 fn gid_of(name: &str) -> Option<u32> {
     let c = CString::new(name).ok()?;
     let mut buf = vec![0u8; 16384];
+    // SAFETY: group is a plain C struct of integers and pointers: all zero is a valid value (getgrnam_r fills it).
     let mut grp: libc::group = unsafe { std::mem::zeroed() };
     let mut out = std::ptr::null_mut();
     // SAFETY: getgrnam_r writes into `grp` and `buf` (of the length given).
@@ -620,7 +622,8 @@ mod tests {
         let file = dir.path().join("f");
         std::fs::write(&file, b"x").unwrap();
         let me = Caller::Local(Arc::new(Identity::of_user(
-            unsafe { libc::geteuid() },
+            crate::access::euid(),
+            // SAFETY: getegid has no preconditions and cannot fail.
             unsafe { libc::getegid() },
             None,
         )));

@@ -41,6 +41,7 @@ pub fn as_user<T>(id: &Identity, f: impl FnOnce() -> T) -> io::Result<T> {
         libc::setfsuid(id.uid);
     }
     // setfsuid says nothing when it fails: read the ids back.
+    // SAFETY: setfsuid and setfsgid of -1 change nothing and return the thread's ids.
     let now = unsafe { (libc::setfsuid(u32::MAX), libc::setfsgid(u32::MAX)) };
     if now != (id.uid as i32, id.gid as i32) {
         return Err(io::Error::new(
@@ -67,6 +68,7 @@ impl Drop for Restore {
             libc::setfsgid(self.gid);
         }
         let groups = set_groups(&self.groups);
+        // SAFETY: setfsuid and setfsgid of -1 change nothing and return the thread's ids.
         let ids = unsafe { (libc::setfsuid(u32::MAX), libc::setfsgid(u32::MAX)) };
         if groups.is_err() || ids != (self.uid as i32, self.gid as i32) {
             eprintln!("larderd: a thread could not switch back to the daemon's identity; stopping");
@@ -83,6 +85,7 @@ fn thread_groups() -> io::Result<Vec<u32>> {
         return Err(io::Error::last_os_error());
     }
     let mut groups = vec![0u32; n as usize];
+    // SAFETY: a buffer of `n` gids.
     let n = unsafe { libc::getgroups(n, groups.as_mut_ptr()) };
     if n < 0 {
         return Err(io::Error::last_os_error());
@@ -163,6 +166,7 @@ fn open_walking(path: &Path, flags: libc::c_int) -> io::Result<std::fs::File> {
     let stat_of = |fd: &OwnedFd| -> io::Result<libc::stat> {
         // SAFETY: a descriptor of ours and a stat struct to fill.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat fills `st`, ours, from a descriptor of ours.
         if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
             return Err(io::Error::last_os_error());
         }
@@ -340,16 +344,19 @@ mod tests {
             groups: vec![65534],
             pid: None,
         };
+        // SAFETY: setfsuid of -1 changes nothing and returns the thread's fsuid.
         let before = (thread_groups().unwrap(), unsafe {
             libc::setfsuid(u32::MAX)
         });
         let caught = std::panic::catch_unwind(|| {
             as_user(&nobody, || {
+                // SAFETY: setfsuid of -1 changes nothing and returns the thread's fsuid.
                 assert_eq!(unsafe { libc::setfsuid(u32::MAX) }, 65534);
                 panic!("while switched")
             })
         });
         assert!(caught.is_err());
+        // SAFETY: setfsuid of -1 changes nothing and returns the thread's fsuid.
         let after = (thread_groups().unwrap(), unsafe {
             libc::setfsuid(u32::MAX)
         });

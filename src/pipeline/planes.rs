@@ -140,6 +140,11 @@ fn rgbx_to_planes_simd(rgbx: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8]) ->
 
 /// The first multiple of 16 pixels of `rgbx` into `r`, `g` and `b` (each at least that long);
 /// returns how many pixels it did.
+///
+/// # Safety
+///
+/// The CPU must have SSSE3 (`is_x86_feature_detected!("ssse3")`); the slices bound every
+/// access.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "ssse3")]
 unsafe fn rgbx_to_planes_ssse3(rgbx: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8]) -> usize {

@@ -362,6 +362,7 @@ fn nanny(
     // (real and saved uid) so that the user cannot signal it (stop it, and so keep the child).
     // SAFETY: plain system calls on this single-threaded process.
     let own = unsafe { libc::getuid() };
+    // SAFETY: setresuid with ids of this process's own, on this single-threaded process.
     if unsafe { libc::setresuid(own, user.uid, own) } != 0 || super::caps::drop_all().is_err() {
         end(1);
     }

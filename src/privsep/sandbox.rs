@@ -384,9 +384,10 @@ fn allow_beneath(ruleset: &OwnedFd, path: &Path) -> Result<()> {
     let Ok(fd) = crate::access::open_no_magiclinks(path, libc::O_PATH) else {
         return Ok(());
     };
+    // SAFETY: stat is a plain C struct: all zero is a valid value (fstat fills it).
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat fills `st`.
     ensure!(
+        // SAFETY: fstat fills `st`, ours, from a descriptor of ours.
         unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0,
         "{}: {}",
         path.display(),
@@ -480,6 +481,7 @@ mod tests {
     fn no_new_privs() {
         // SAFETY: prctl with integer arguments.
         assert_eq!(
+            // SAFETY: prctl with integer arguments.
             unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) },
             0
         );

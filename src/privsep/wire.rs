@@ -444,6 +444,7 @@ pub fn sealed_len(fd: &OwnedFd, max: u64) -> Result<u64> {
     // SAFETY: fstat fills `st`.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     ensure!(
+        // SAFETY: fstat fills `st`, ours, from a descriptor of ours.
         unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0,
         "fstat: {}",
         std::io::Error::last_os_error()

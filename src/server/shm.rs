@@ -323,6 +323,15 @@ impl Rings {
             Err(Refusal::BadRequest(format!(
                 "ring protocol version {version}; this daemon speaks {VERSION}"
             )))
+        } else if peer.pid.is_none() {
+            // A ring is its process's alone, and the kernel names no process in another pid
+            // namespace (a job's container beside larderd's): its streams could never use the
+            // ring. Refused at once, so that the client takes batches in messages.
+            Err(Refusal::Failed(
+                "the client is in another pid namespace than larderd (a container): shared \
+                 memory is for processes the daemon can name; batches come in messages"
+                    .into(),
+            ))
         } else {
             self.create(peer, slots, slot_bytes)
         };
@@ -695,6 +704,7 @@ mod tests {
     fn me() -> Peer {
         Peer {
             pid: Some(std::process::id() as i32),
+            // SAFETY: getuid has no preconditions and cannot fail.
             uid: unsafe { libc::getuid() },
         }
     }
@@ -769,6 +779,7 @@ mod tests {
         assert!(ring.claim().is_none(), "two slots, both taken");
         a.bytes_mut()[..3].copy_from_slice(b"abc");
         let slot0 =
+            // SAFETY: the client's mapping holds the header and two slots: 3 bytes from the first slot's start are in it.
             unsafe { std::slice::from_raw_parts(client.as_ptr().add(HEADER_BYTES as usize), 3) };
         assert_eq!(slot0, b"abc", "the client sees what the daemon wrote");
         drop(b); // never sent: free again
@@ -778,6 +789,7 @@ mod tests {
         c.hand_over();
         assert!(ring.claim().is_none(), "the client holds both");
         // The client frees slot 0 by storing 0 in its state word.
+        // SAFETY: STATES_AT is in the mapping's header, aligned for a u32: the word the client stores to free a slot.
         unsafe { (client.as_mut_ptr().add(STATES_AT) as *mut u32).write_volatile(0) };
         assert_eq!(ring.claim().unwrap().index(), 0);
         drop(_lease);
@@ -790,6 +802,7 @@ mod tests {
         assert!(wait.is_err(), "backpressure: batch 6 waits for a slot");
         // ...and goes in the message once the client waits for it with every slot held.
         a.hand_over();
+        // SAFETY: CLIENT_NEXT_AT is in the mapping's header, aligned for a u64: the word the client stores its next batch in.
         unsafe { (client.as_mut_ptr().add(CLIENT_NEXT_AT) as *mut u64).write_volatile(6) };
         assert!(ring.claim_for(6).await.is_none());
     }

@@ -47,6 +47,7 @@ struct Slab {
 // thread, before any `Bytes` of that slot exists) and read only through the `Bytes` of its
 // slot; `free` is behind a mutex.
 unsafe impl Send for Slab {}
+// SAFETY: as for Send above: shared access goes through the slots' `Bytes` and the mutex.
 unsafe impl Sync for Slab {}
 
 impl Slab {
