@@ -7,6 +7,7 @@ use crate::fields::Schema;
 use crate::fingerprint::{fingerprint, Fingerprint};
 use crate::pipeline::{Crop, Pipeline, Preprocess, Spatial};
 use crate::source::{Format, RawSample, Source};
+use crate::sync::Locked;
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -123,7 +124,7 @@ impl Dataset {
 
     /// Records sample `index` as bad; true the first time (when it is logged).
     pub fn mark_bad(&self, index: u64, why: &anyhow::Error) -> bool {
-        let mut bad = self.bad.lock().unwrap_or_else(|e| e.into_inner());
+        let mut bad = self.bad.locked();
         if bad.contains_key(&index) {
             return false;
         }
@@ -134,20 +135,17 @@ impl Dataset {
     }
 
     pub fn is_bad(&self, index: u64) -> bool {
-        self.bad
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(&index)
+        self.bad.locked().contains_key(&index)
     }
 
     /// How many samples have been skipped so far.
     pub fn bad_count(&self) -> u64 {
-        self.bad.lock().unwrap_or_else(|e| e.into_inner()).len() as u64
+        self.bad.locked().len() as u64
     }
 
     /// The samples skipped so far: (index, why).
     pub fn bad_samples(&self) -> Vec<(u64, String)> {
-        let bad = self.bad.lock().unwrap_or_else(|e| e.into_inner());
+        let bad = self.bad.locked();
         bad.iter().map(|(&i, w)| (i, w.clone())).collect()
     }
 

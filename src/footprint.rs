@@ -14,6 +14,7 @@
 //! anyone: they are one shared tier, kept by the open streams' next use.
 
 use crate::error::{Error, Kind};
+use crate::sync::Locked;
 use crate::tiers::memory::MemoryTier;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -126,7 +127,7 @@ impl Footprint {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// Charges `bytes` to `payer` for `what` (e.g. "dataset \"alice/x\": the scratch tier's

@@ -27,6 +27,7 @@ pub mod sampler;
 pub mod server;
 pub mod source;
 pub mod store;
+pub mod sync;
 pub mod synthetic;
 pub mod tiers;
 pub mod turns;

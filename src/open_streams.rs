@@ -10,6 +10,7 @@ use crate::input_bound::{ClientReport, Recent, TierMix};
 use crate::metrics::Metrics;
 use crate::peer::Peer;
 use crate::sampler::Plan;
+use crate::sync::Locked;
 use crate::tiers::memory::MemoryTier;
 use crate::tiers::orders::OrderKey;
 use std::collections::BTreeMap;
@@ -244,7 +245,7 @@ impl Streams {
 
     /// The line `key` left by a stream that closed within the last minute.
     fn take_line(&self, key: Option<LineKey>) -> Option<Line> {
-        let mut lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        let mut lines = self.lines.locked();
         forget_old(&mut lines);
         lines.remove(&key?)
     }
@@ -254,14 +255,14 @@ impl Streams {
         let Some(p) = peer else {
             return Default::default();
         };
-        let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut runs = self.runs.locked();
         runs.retain(|_, r| r.last.elapsed() < RUN_MEMORY);
         runs.get(&(p.uid, p.pid.unwrap_or(0)))
             .map_or_else(Default::default, |r| (r.open, r.waited))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<StreamState>>> {
-        self.open.lock().unwrap_or_else(|e| e.into_inner())
+        self.open.locked()
     }
 }
 
@@ -295,7 +296,7 @@ fn samples_of(open: &BTreeMap<u64, Arc<StreamState>>) -> u64 {
 
 impl StreamState {
     fn line(&self) -> std::sync::MutexGuard<'_, Line> {
-        self.line.lock().unwrap_or_else(|e| e.into_inner())
+        self.line.locked()
     }
 
     fn snapshot(&self) -> StreamSnapshot {
@@ -412,7 +413,7 @@ impl Drop for StreamHandle {
         if let Some(key) = line_key(&s.spec) {
             let mut line = self.state.line().clone();
             line.closed = Some(Instant::now());
-            let mut lines = streams.lines.lock().unwrap_or_else(|e| e.into_inner());
+            let mut lines = streams.lines.locked();
             if lines.len() >= MAX_LINES {
                 forget_old(&mut lines);
                 if lines.len() >= MAX_LINES {
@@ -425,7 +426,7 @@ impl Drop for StreamHandle {
             lines.insert(key, line);
         }
         if let Some(p) = s.spec.peer {
-            let mut runs = streams.runs.lock().unwrap_or_else(|e| e.into_inner());
+            let mut runs = streams.runs.locked();
             let run = runs
                 .entry((p.uid, p.pid.unwrap_or(0)))
                 .or_insert(RunTotals {

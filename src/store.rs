@@ -8,6 +8,7 @@ use crate::catalog::Dataset;
 use crate::error::{Error, Kind};
 use crate::metrics::{Metrics, Tier};
 use crate::sampler::{node_granules, NodeSplit};
+use crate::sync::Locked;
 use crate::tiers::eviction::Key;
 use crate::tiers::memory::{MemorySnapshot, MemoryTier};
 use crate::tiers::scratch::{ScratchSnapshot, ScratchSpace, ScratchTier};
@@ -227,7 +228,7 @@ impl Store {
     }
 
     fn lock_scratch(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<ScratchTier>>> {
-        self.scratch.lock().unwrap_or_else(|e| e.into_inner())
+        self.scratch.locked()
     }
 
     /// The preprocessed bytes of sample `index` of `ds`; None when the sample is skipped because
@@ -255,7 +256,7 @@ impl Store {
         let mut ready: Vec<Option<Option<(Bytes, Tier)>>> = vec![None; indices.len()];
         let mut misses: Vec<u64> = vec![];
         {
-            let mut inflight = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+            let mut inflight = self.inflight.locked();
             for (k, &index) in indices.iter().enumerate() {
                 let key = (ds.id, index);
                 // A fetch that finished between a miss and the lock has filled the memory
@@ -354,7 +355,7 @@ impl Store {
         struct Done<'a>(&'a Store, u32, &'a [u64]);
         impl Drop for Done<'_> {
             fn drop(&mut self) {
-                let mut inflight = self.0.inflight.lock().unwrap_or_else(|e| e.into_inner());
+                let mut inflight = self.0.inflight.locked();
                 for &i in self.2 {
                     inflight.remove(&(self.1, i));
                 }
@@ -397,7 +398,7 @@ impl Store {
         // granule alone), each read as a task of its own and shared while it runs.
         let (mut parts, mut fresh) = (vec![], vec![]);
         {
-            let reading = self.reading.lock().unwrap_or_else(|e| e.into_inner());
+            let reading = self.reading.locked();
             for &r in &ranges {
                 match reading.get(&(ds.id, r)) {
                     Some(f) if !parts.iter().any(|(g, _): &(Read, bool)| g.ptr_eq(f)) => {
@@ -461,7 +462,7 @@ impl Store {
             struct Done<'a>(&'a Store, u32, &'a [(u64, u64)]);
             impl Drop for Done<'_> {
                 fn drop(&mut self) {
-                    let mut reading = self.0.reading.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut reading = self.0.reading.locked();
                     for &r in self.2 {
                         reading.remove(&(self.1, r));
                     }
@@ -509,7 +510,7 @@ impl Store {
         }
         .boxed()
         .shared();
-        let mut reading = self.reading.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reading = self.reading.locked();
         for &r in &part {
             reading.insert((ds.id, r), read.clone());
         }
@@ -556,10 +557,7 @@ impl Store {
             Ok(Err(e)) => Err(Arc::new(sample_error(&e).into())),
             Err(e) => Err(Arc::new(e)),
         };
-        self.inflight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&key);
+        self.inflight.locked().remove(&key);
         result
     }
 
@@ -696,7 +694,7 @@ impl Store {
             shuffle,
         };
         {
-            let mut started = self.prefetches.lock().unwrap_or_else(|e| e.into_inner());
+            let mut started = self.prefetches.locked();
             if started.len() >= PREFETCHES_KEPT {
                 started.clear();
             }
@@ -775,7 +773,7 @@ fn new_granules(ds: &Dataset, part: &Prefetch) -> Vec<u64> {
 /// storage while the others that need it wait.
 fn granule_lock(locks: &[Mutex<()>], dataset: u32, granule: u64) -> std::sync::MutexGuard<'_, ()> {
     let stripe = (granule + 7 * dataset as u64) as usize % locks.len();
-    locks[stripe].lock().unwrap_or_else(|e| e.into_inner())
+    locks[stripe].locked()
 }
 
 /// The most samples one request to a reader asks for (a granule larger than that alone).

@@ -2,6 +2,7 @@
 //! plans, recognitions) at once, the rest waiting on the async runtime (no thread waits). A user
 //! who floods the daemon waits behind their own requests; other users' go on.
 
+use crate::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -23,7 +24,7 @@ impl Turns {
     /// One of `user`'s turns, once free (held until dropped).
     pub async fn take(&self, user: u64) -> OwnedSemaphorePermit {
         let turns = {
-            let mut by_user = self.by_user.lock().unwrap_or_else(|e| e.into_inner());
+            let mut by_user = self.by_user.locked();
             // Users with no turn taken and none waiting are forgotten.
             by_user.retain(|_, s| Arc::strong_count(s) > 1 || s.available_permits() < self.each);
             by_user

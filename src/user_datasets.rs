@@ -7,6 +7,7 @@
 
 use crate::config::DatasetConfig;
 use crate::error::{quote, Error, Kind};
+use crate::sync::Locked;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -227,7 +228,7 @@ impl Registry {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Entry>> {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+        self.entries.locked()
     }
 }
 

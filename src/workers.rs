@@ -5,6 +5,7 @@
 //! thousand. A thread goes from one job straight to the next (no permit to give back through
 //! the async runtime between two samples), which keeps every core busy during a cold epoch.
 
+use crate::sync::Locked;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use tokio::sync::oneshot;
@@ -120,7 +121,7 @@ impl Workers {
 
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+        self.queue.locked()
     }
 
     fn push(&self, tenant: Tenant, job: Job) {
@@ -207,8 +208,7 @@ mod tests {
         for (tenant, k) in (0..20).map(|k| (1, k)).chain([(2, 100)]) {
             let (pool, order) = (pool.clone(), order.clone());
             jobs.push(tokio::spawn(async move {
-                pool.run_for(tenant, move || order.lock().unwrap().push(k))
-                    .await
+                pool.run_for(tenant, move || order.locked().push(k)).await
             }));
             tokio::task::yield_now().await;
         }
@@ -218,7 +218,7 @@ mod tests {
         for j in jobs {
             j.await.unwrap().unwrap();
         }
-        let order = order.lock().unwrap();
+        let order = order.locked();
         let at = order.iter().position(|&k| k == 100).unwrap();
         assert!(at <= 1, "the other tenant's job ran {at}th: {order:?}");
     }

@@ -4,6 +4,7 @@
 //! ([`PerUser`]), and a connection that asks nothing within `limits.idle_connection_seconds`
 //! is closed.
 
+use crate::sync::Locked;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,7 +33,7 @@ impl PerUser {
 
     /// Counts a connection of `uid`'s, unless they hold `most` already (None).
     pub fn admit(self: &Arc<Self>, uid: u32) -> Option<Held> {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.held.locked();
         let n = held.entry(uid).or_default();
         if *n >= self.most {
             return None;
@@ -46,14 +47,14 @@ impl PerUser {
 
     /// Connections `uid` holds now.
     pub fn of(&self, uid: u32) -> u32 {
-        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let held = self.held.locked();
         held.get(&uid).copied().unwrap_or(0)
     }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        let mut held = self.per_user.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.per_user.held.locked();
         if let Some(n) = held.get_mut(&self.uid) {
             *n -= 1;
             if *n == 0 {

@@ -25,6 +25,7 @@
 //! daemon that cannot switch (not root, no CAP_SETUID/CAP_SETGID) checks only its own user's
 //! requests this way and denies other users what `allow` does not grant.
 
+use crate::sync::Locked;
 pub mod connection;
 pub mod local_authority;
 mod switch;
@@ -196,7 +197,7 @@ impl Proofs {
             return false;
         };
         let now = root.and_then(ctime_of);
-        let proofs = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let proofs = self.0.locked();
         proofs
             .get(&proof_key(who, id))
             .is_some_and(|(at, ctime)| at.elapsed() < PROOF_TTL && *ctime == now)
@@ -207,7 +208,7 @@ impl Proofs {
     pub fn record(&self, who: &Caller, id: u32, root: Option<&Path>) {
         if let Caller::Local(who) = who {
             let ctime = root.and_then(ctime_of);
-            let mut proofs = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            let mut proofs = self.0.locked();
             proofs.retain(|_, (at, _)| at.elapsed() < PROOF_TTL);
             proofs.insert(proof_key(who, id), (Instant::now(), ctime));
         }

@@ -3,6 +3,7 @@
 //! reading thread of any kind (the pool, a reader's channel) can wait on them.
 
 use super::{Fetch, Location, Object, GETS, GOT_BYTES};
+use crate::sync::Locked;
 use anyhow::{ensure, Context, Result};
 use futures::StreamExt;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
@@ -21,7 +22,7 @@ pub struct S3 {
 
 impl S3 {
     fn bucket(&self, name: &str) -> Result<Arc<AmazonS3>> {
-        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let mut buckets = self.buckets.locked();
         if let Some(b) = buckets.get(name) {
             return Ok(b.clone());
         }

@@ -10,6 +10,7 @@
 use super::wire::{self, kinds, Writer, FAILED};
 use crate::error::Kind;
 use crate::objects::{Fetch, Location, Object, MOST_GET_BYTES};
+use crate::sync::Locked;
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -94,7 +95,7 @@ impl Channel {
 
     /// The answer to request `id`, received by this thread or by another waiting.
     fn answer_to(&self, id: u64) -> Result<wire::Message> {
-        let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inbox = self.inbox.locked();
         loop {
             if let Some(m) = inbox.answers.remove(&id) {
                 return Ok(m);
@@ -109,7 +110,7 @@ impl Channel {
             inbox.receiving = true;
             drop(inbox);
             let got = wire::recv(self.sock.as_raw_fd());
-            inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+            inbox = self.inbox.locked();
             inbox.receiving = false;
             match got {
                 Ok(Some(m)) => {
@@ -209,7 +210,7 @@ pub fn serve(sock: OwnedFd, scope: Location) -> Result<()> {
                 // At most AT_ONCE requests of a reader in flight: the next waits for a slot.
                 {
                     let (busy, freed) = &*slots;
-                    let mut n = busy.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut n = busy.locked();
                     while *n >= AT_ONCE {
                         n = freed.wait(n).unwrap_or_else(|e| e.into_inner());
                     }
@@ -221,7 +222,7 @@ pub fn serve(sock: OwnedFd, scope: Location) -> Result<()> {
                     .spawn(move || {
                         reply(sock.as_raw_fd(), &m, &scope);
                         let (busy, freed) = &*slots;
-                        *busy.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                        *busy.locked() -= 1;
                         freed.notify_one();
                     });
                 if spawned.is_err() {
@@ -268,7 +269,7 @@ impl Scope {
     /// The objects at `at` (within the scope): the one it names, else those under it.
     fn list(&self, at: &Location) -> Result<Vec<Object>> {
         let all = {
-            let mut listing = self.listing.lock().unwrap_or_else(|e| e.into_inner());
+            let mut listing = self.listing.locked();
             match &*listing {
                 Some(all) => all.clone(),
                 None => {

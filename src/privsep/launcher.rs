@@ -23,6 +23,7 @@
 
 use super::exec::{Role, CHILD_WITHIN};
 use super::wire::{self, kinds, Reader, Writer};
+use crate::sync::Locked;
 use anyhow::{bail, ensure, Result};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
@@ -116,7 +117,7 @@ impl Launcher {
         w.u8(role as u8);
         user.write(&mut w);
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
+        let sock = self.sock.locked();
         wire::send(sock.as_raw_fd(), Request::Spawn.into(), id, &w.0, &[])?;
         let mut answer = match wire::recv(sock.as_raw_fd()) {
             Ok(Some(answer)) if answer.id == id => answer,

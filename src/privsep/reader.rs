@@ -17,6 +17,7 @@ use super::protocol::{self, Kind, Load, Opened, Outcome, Sizes};
 use super::wire::{self, Writer};
 use crate::config::{DatasetConfig, Limits};
 use crate::source::Opened as OpenedSource;
+use crate::sync::Locked;
 use anyhow::{ensure, Context, Result};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -344,26 +345,17 @@ impl Work {
                 out: Outbox::default(),
             }),
         });
-        self.queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back(job);
+        self.queue.locked().push_back(job);
         self.ready.notify_all();
     }
 
     /// The next range some load lets one more thread take, oldest load first.
     fn take(&self) -> (Arc<Job>, (u64, u64)) {
-        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let mut q = self.queue.locked();
         loop {
-            q.retain(|j| {
-                !j.state
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .ranges
-                    .is_empty()
-            });
+            q.retain(|j| !j.state.locked().ranges.is_empty());
             for job in q.iter() {
-                let mut s = job.state.lock().unwrap_or_else(|e| e.into_inner());
+                let mut s = job.state.locked();
                 if s.busy < job.threads {
                     if let Some(range) = s.ranges.pop_front() {
                         s.busy += 1;
@@ -380,7 +372,7 @@ impl Work {
         loop {
             let (job, (start, count)) = self.take();
             let raw_bytes = load(fd, &job, ds, start, count);
-            let mut s = job.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut s = job.state.locked();
             s.busy -= 1;
             s.left -= 1;
             s.raw_bytes += raw_bytes;
@@ -428,7 +420,7 @@ fn load(fd: RawFd, job: &Job, ds: &Open, start: u64, count: u64) -> u64 {
                 crate::pipeline::prepare(&ds.opened.preprocess, &ds.opened.schema, &ds.limits, raw)
                     .with_context(|| format!("preprocessing {}", s.sample_name(i)))
             });
-        let mut st = job.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = job.state.locked();
         st.samples += 1;
         if let Err(e) = st.out.add(i, prepared) {
             drop(st);

@@ -22,6 +22,7 @@ use crate::footprint::{Charge, Footprint, Payer};
 use crate::objects::Location;
 use crate::pipeline::Preprocess;
 use crate::source::{Format, Opened, Prepared, Provenance, RawSample, RawSource};
+use crate::sync::Locked;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use futures::future::BoxFuture;
 use std::collections::HashMap;
@@ -202,7 +203,7 @@ impl Connection {
     /// Hands `m` to the request it answers (waiting while that request's answers are not
     /// taken: the reader then waits too).
     async fn route(&self, m: wire::Message, flood: &mut Flood) -> Result<(), String> {
-        *lock(&self.heard) = Instant::now();
+        *self.heard.locked() = Instant::now();
         if m.id == 0 {
             return match Kind::try_from(m.kind) {
                 Ok(Kind::Alive) => {
@@ -236,7 +237,7 @@ impl Connection {
         };
         let id = m.id;
         let tx = {
-            let mut pending = lock(&self.pending);
+            let mut pending = self.pending.locked();
             // A request given up on (its waiter gone) gets no more: what comes for it is
             // dropped.
             let Some(w) = pending.get_mut(&id) else {
@@ -252,7 +253,7 @@ impl Connection {
             tx
         };
         if tx.send(m).await.is_err() {
-            lock(&self.pending).remove(&id);
+            self.pending.locked().remove(&id);
         }
         Ok(())
     }
@@ -260,11 +261,11 @@ impl Connection {
     /// Why the reader is taken for stuck, if it is: silent too long with requests to answer,
     /// or a request without an answer too long.
     fn stuck(&self) -> Option<String> {
-        let pending = lock(&self.pending);
+        let pending = self.pending.locked();
         if pending.is_empty() {
             return None;
         }
-        let silent = lock(&self.heard).elapsed();
+        let silent = self.heard.locked().elapsed();
         if silent > protocol::SILENT_WITHIN {
             return Some(format!(
                 "the reader has said nothing for {} s (stopped, or stuck in a system call)",
@@ -285,20 +286,20 @@ impl Connection {
     /// Marks the reader failed: every request waiting and to come gets `why`, and its socket
     /// is shut (the reader sees it closed and ends).
     fn fail(&self, why: &str) {
-        let mut dead = lock(&self.dead);
+        let mut dead = self.dead.locked();
         if dead.is_none() {
             *dead = Some(why.to_string());
             READER_FAILURES.fetch_add(1, Relaxed);
         }
         drop(dead);
-        lock(&self.pending).clear();
+        self.pending.locked().clear();
         self.channel.shutdown();
         // The process is killed, whatever it does (a reader taken over ignores its socket).
-        drop(lock(&self.lifeline).take());
+        drop(self.lifeline.locked().take());
     }
 
     fn dead(&self) -> Option<String> {
-        lock(&self.dead).clone()
+        self.dead.locked().clone()
     }
 
     /// Sends a request with `fds` beside it; its answers come through the reply. Err when the
@@ -321,12 +322,12 @@ impl Connection {
             within,
         };
         {
-            let mut pending = lock(&self.pending);
+            let mut pending = self.pending.locked();
             // A reader that owed nothing may have been quiet: its silence counts from now.
             // (Requests while it owes answers do not move it: a stopped reader is found
             // however often it is asked.)
             if pending.is_empty() {
-                *lock(&self.heard) = Instant::now();
+                *self.heard.locked() = Instant::now();
             }
             pending.insert(id, waiter);
         }
@@ -363,10 +364,6 @@ impl Connection {
         ));
         Err(Failure::Dead(self.dead().unwrap_or_default()))
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The samples a load asks for: its ranges (sorted, apart), and where each range's samples
@@ -478,7 +475,7 @@ struct State {
 
 impl Drop for RemoteSource {
     fn drop(&mut self) {
-        if let Some(r) = lock(&self.state).reader.take() {
+        if let Some(r) = self.state.locked().reader.take() {
             r.fail("its dataset is no longer served");
         }
     }
@@ -500,7 +497,7 @@ fn slots_of(key: String) -> Arc<tokio::sync::Semaphore> {
     static SLOTS: std::sync::OnceLock<Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>> =
         std::sync::OnceLock::new();
     let per_user = slots_each() as usize;
-    let mut slots = lock(SLOTS.get_or_init(Mutex::default));
+    let mut slots = SLOTS.get_or_init(Mutex::default).locked();
     slots.retain(|_, s| Arc::strong_count(s) > 1);
     slots
         .entry(key)
@@ -747,7 +744,7 @@ impl RemoteSource {
     /// start runs outside the lock: requests meanwhile are told the reader is starting.
     async fn reader(&self) -> Result<Arc<Connection>> {
         let launcher = {
-            let mut state = lock(&self.state);
+            let mut state = self.state.locked();
             if let Some(r) = &state.reader {
                 match r.dead() {
                     None => return Ok(r.clone()),
@@ -801,7 +798,7 @@ impl RemoteSource {
             }
         }
         .await;
-        let mut state = lock(&self.state);
+        let mut state = self.state.locked();
         state.restarting = false;
         let failed = |state: &mut State| {
             state.failures += 1;
@@ -819,7 +816,7 @@ impl RemoteSource {
                     "dataset {:?} changed since it was opened (its reader, started again, finds other data); it is opened again",
                     self.name
                 );
-                *lock(&self.changed) = Some(why.clone());
+                *self.changed.locked() = Some(why.clone());
                 Err(Error::new(ErrorKind::Changed, why).into())
             }
             Err(e) => {
@@ -895,7 +892,7 @@ impl RemoteSource {
         .await;
         match answered {
             Ok((records, raw_bytes)) => {
-                lock(&self.state).failures = 0;
+                self.state.locked().failures = 0;
                 Ok(crate::source::Loaded {
                     records,
                     raw_bytes,
@@ -978,7 +975,7 @@ impl RemoteSource {
                     }
                     Outcome::Bad(why) => Err(anyhow!("{why}")),
                     Outcome::Changed(why) => {
-                        *lock(&self.changed) = Some(why.clone());
+                        *self.changed.locked() = Some(why.clone());
                         Err(Error::new(ErrorKind::Changed, why).into())
                     }
                 });
@@ -993,7 +990,7 @@ impl RemoteSource {
     /// image folder with files added, a file rewritten), and notes its answer for `changed`.
     /// Does nothing while no reader serves (a new one compares what it finds at its start).
     pub async fn recheck(&self) {
-        let Some(reader) = lock(&self.state).reader.clone() else {
+        let Some(reader) = self.state.locked().reader.clone() else {
             return;
         };
         // One at a time: a reader slow to answer is not asked again meanwhile.
@@ -1012,7 +1009,7 @@ impl RemoteSource {
             .await
         {
             match protocol::read_checked(&m.payload) {
-                Ok(Some(why)) => *lock(&self.changed) = Some(why),
+                Ok(Some(why)) => *self.changed.locked() = Some(why),
                 Ok(None) => {}
                 Err(e) => reader.fail(&format!("the reader's answer does not hold: {e:#}")),
             }
@@ -1022,7 +1019,7 @@ impl RemoteSource {
 
 impl Prepared for RemoteSource {
     fn down(&self) -> Option<String> {
-        let state = lock(&self.state);
+        let state = self.state.locked();
         if let Some(why) = state.reader.as_ref().and_then(|r| r.dead()) {
             return Some(format!("its reader failed: {why}"));
         }
@@ -1106,7 +1103,7 @@ impl Provenance for RemoteSource {
                 self.user.uid
             ));
         }
-        lock(&self.changed).clone()
+        self.changed.locked().clone()
     }
 
     fn files(&self) -> crate::access::Files {

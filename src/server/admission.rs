@@ -6,6 +6,7 @@
 
 use crate::access::{self, Caller};
 use crate::catalog::Dataset;
+use crate::sync::Locked;
 use crate::turns::Turns;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -57,7 +58,7 @@ pub async fn admit(ds: &Arc<Dataset>, who: &Caller) -> Result<(), Status> {
             .flatten(),
     );
     {
-        let mut denials = denials().lock().unwrap_or_else(|e| e.into_inner());
+        let mut denials = denials().locked();
         denials.retain(|_, (at, _)| at.elapsed() < DENIAL_TTL);
         if let Some((_, why)) = denials.get(&key) {
             return Err(denied(why.clone()));
@@ -70,7 +71,7 @@ pub async fn admit(ds: &Arc<Dataset>, who: &Caller) -> Result<(), Status> {
             .await
             .unwrap_or_else(|e| Err(format!("the access check failed: {e}")));
     outcome.map_err(|why| {
-        let mut denials = denials().lock().unwrap_or_else(|e| e.into_inner());
+        let mut denials = denials().locked();
         denials.insert(key, (Instant::now(), why.clone()));
         denied(why)
     })

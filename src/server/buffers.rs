@@ -14,6 +14,7 @@
 //! A spare is counted by its allocation's capacity, never by the length of the last batch
 //! written into it: a small field written into a large spare still counts tens of MB.
 
+use crate::sync::Locked;
 use bytes::Bytes;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -261,7 +262,7 @@ impl MessageBuffers {
 
 impl Inner {
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(Vec<u8>, Instant)>> {
-        self.spare.lock().unwrap_or_else(|e| e.into_inner())
+        self.spare.locked()
     }
 
     fn in_flight(&self) -> u64 {

@@ -8,6 +8,7 @@
 use crate::access::Caller;
 use crate::footprint::{Charge, Footprint, Payer};
 use crate::sampler::{NodeSplit, Plan, PlanRequest};
+use crate::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use tonic::Status;
@@ -103,7 +104,7 @@ impl Planning {
         what: &str,
     ) -> Result<Arc<Charge>, Status> {
         let key = (payer, dataset, req.seed, req.epoch, req.split);
-        let mut orders = self.orders.lock().unwrap_or_else(|e| e.into_inner());
+        let mut orders = self.orders.locked();
         if let Some(c) = orders.get(&key).and_then(Weak::upgrade) {
             return Ok(c);
         }

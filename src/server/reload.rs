@@ -8,6 +8,7 @@ use crate::catalog::{Catalog, Changes, Dataset, Job, OpenWith};
 use crate::config::{DatasetConfig, Limits};
 use crate::error::{quote, Error, Kind};
 use crate::store::Store;
+use crate::sync::Locked;
 use crate::user_datasets::{Entry, Registry};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -70,7 +71,7 @@ impl Datasets {
     /// Serves the datasets of `configs` from now on (a reloaded config): new ones are opened,
     /// changed ones reopened, removed ones stop taking new streams.
     pub async fn reload(&self, configs: Vec<DatasetConfig>) {
-        *self.configs.lock().unwrap_or_else(|e| e.into_inner()) = configs;
+        *self.configs.locked() = configs;
         self.start_opens().await;
     }
 
@@ -149,11 +150,7 @@ impl Datasets {
     /// drops what is gone; waits for none of the opens.
     async fn start_opens(&self) {
         let _one = self.planning.lock().await;
-        let mut configs = self
-            .configs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let mut configs = self.configs.locked().clone();
         configs.extend(self.registry.configs());
         // Looking at each served dataset's files (has it changed?) is blocking work.
         let catalog = self.catalog.clone();

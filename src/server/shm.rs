@@ -27,6 +27,7 @@
 
 use super::shutdown::Shutdown;
 pub use crate::peer::Peer;
+use crate::sync::Locked;
 use crate::tiers::memory::MemoryTier;
 use anyhow::{bail, Context, Result};
 use std::collections::HashMap;
@@ -114,7 +115,7 @@ impl RingBytes {
         size: u64,
         (budget, user_budget): (u64, u64),
     ) -> Result<(), Option<u64>> {
-        let mut by_user = self.by_user.lock().unwrap_or_else(|e| e.into_inner());
+        let mut by_user = self.by_user.locked();
         let theirs = by_user.get(&uid).copied().unwrap_or(0);
         // Root and the daemon's own user are the admin: the budget alone holds for them.
         let admin = crate::footprint::Payer::of_uid(Some(uid)) == crate::footprint::Payer::Config;
@@ -128,7 +129,7 @@ impl RingBytes {
 
     /// Gives back `size` of `uid`'s.
     fn release_for(&self, uid: u32, size: u64) {
-        let mut by_user = self.by_user.lock().unwrap_or_else(|e| e.into_inner());
+        let mut by_user = self.by_user.locked();
         if let Some(n) = by_user.get_mut(&uid) {
             *n = n.saturating_sub(size);
             if *n == 0 {
@@ -210,14 +211,14 @@ impl Rings {
 
     /// (rings open, bytes they take, budget).
     pub fn snapshot(&self) -> (u32, u64, u64) {
-        let n = self.open.lock().unwrap().len() as u32;
+        let n = self.open.locked().len() as u32;
         (n, self.used.load(), self.budget)
     }
 
     /// The ring with this token, if `peer` is the process that made it.
     pub fn get(&self, token: &[u8], peer: Peer) -> Result<Arc<Ring>, Denied> {
         let token: [u8; 16] = token.try_into().map_err(|_| Denied::NotYours)?;
-        let open = self.open.lock().unwrap();
+        let open = self.open.locked();
         let ring = open.get(&token).ok_or(Denied::NotYours)?;
         if ring.owner != peer || peer.pid.is_none() {
             return Err(Denied::NotYours);
@@ -297,7 +298,7 @@ impl Rings {
         });
         ring.write_header();
         let token = random_token().map_err(|e| Refusal::Failed(format!("{e}")))?;
-        self.open.lock().unwrap().insert(token, ring.clone());
+        self.open.locked().insert(token, ring.clone());
         Ok((ring, token, fd))
     }
 
@@ -340,7 +341,7 @@ impl Rings {
                 let reply = reply(0, &ring, &token, "");
                 if let Err(e) = send_with_fd(&stream, &reply, fd.as_raw_fd()).await {
                     tracing::warn!("handing a ring over failed: {e}");
-                    self.open.lock().unwrap().remove(&token);
+                    self.open.locked().remove(&token);
                     return;
                 }
                 (ring, token)
@@ -365,7 +366,7 @@ impl Rings {
                 _ = stop.stopped() => break,
             }
         }
-        if let Some(ring) = self.open.lock().unwrap().remove(&token) {
+        if let Some(ring) = self.open.locked().remove(&token) {
             ring.closed.store(true, Ordering::Release);
         }
         tracing::debug!(uid = peer.uid, "ring closed");
@@ -732,12 +733,12 @@ mod tests {
             .ok()
             .expect("alice's ring is granted");
         for t in [bt, at] {
-            rings.open.lock().unwrap().remove(&t);
+            rings.open.locked().remove(&t);
         }
         drop(b);
         drop(a);
         assert_eq!(rings.snapshot().1, 0);
-        assert!(rings.used.by_user.lock().unwrap().is_empty());
+        assert!(rings.used.by_user.locked().is_empty());
     }
 
     #[test]
@@ -757,7 +758,7 @@ mod tests {
         };
         assert_eq!(rings.get(&token, other).err(), Some(Denied::NotYours));
         assert_eq!(rings.get(&[0; 16], me()).err(), Some(Denied::NotYours));
-        rings.open.lock().unwrap().remove(&token);
+        rings.open.locked().remove(&token);
         drop(ring);
         assert_eq!(rings.snapshot(), (0, 0, HEADER_BYTES + 4 * 8192));
         assert!(rings.create(me(), 0, 1).is_err());

@@ -4,6 +4,7 @@
 
 use super::{file_version, Stamp};
 use crate::objects::{self, Location, Object};
+use crate::sync::Locked;
 use anyhow::{ensure, Context, Result};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -110,8 +111,7 @@ impl Blob {
                                 _ => None,
                             };
                             if let Some(slot) = slot {
-                                *slot.lock().unwrap_or_else(|e| e.into_inner()) =
-                                    Some(format!("{e:#}"));
+                                *slot.locked() = Some(format!("{e:#}"));
                             }
                             // The kind travels inside: a store that did not answer ends the
                             // stream rather than costing the sample.
@@ -155,9 +155,7 @@ impl Blob {
     pub fn unavailable(&self) -> Option<String> {
         match self {
             Blob::Local { .. } => None,
-            Blob::Object { unavailable, .. } => {
-                unavailable.lock().unwrap_or_else(|e| e.into_inner()).take()
-            }
+            Blob::Object { unavailable, .. } => unavailable.locked().take(),
         }
     }
 
@@ -165,9 +163,7 @@ impl Blob {
     pub fn changed(&self) -> Option<String> {
         match self {
             Blob::Local { path, stamp, .. } => stamp.changed(path),
-            Blob::Object { changed, .. } => {
-                changed.lock().unwrap_or_else(|e| e.into_inner()).clone()
-            }
+            Blob::Object { changed, .. } => changed.locked().clone(),
         }
     }
 

@@ -7,6 +7,7 @@ use crate::config::keys::keys_of;
 use crate::config::{DatasetConfig, FieldConfig, ImageMode, Limits, TrainCrop};
 use crate::fields::{Pairing, Resample, Schema, Value};
 use crate::pipeline::{FieldOp, Preprocess, Resize};
+use crate::sync::Locked;
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -461,8 +462,7 @@ impl RawSource for ImageFolderSource {
                                         if crate::error::Error::kind_of(e)
                                             == crate::error::Kind::Changed
                                         {
-                                            *l.changed.lock().unwrap_or_else(|e| e.into_inner()) =
-                                                Some(format!("{e:#}"));
+                                            *l.changed.locked() = Some(format!("{e:#}"));
                                         }
                                     })
                                 }
@@ -516,7 +516,7 @@ impl Provenance for ImageFolderSource {
 
     fn changed(&self) -> Option<String> {
         if let Some(l) = &self.listed {
-            return l.changed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            return l.changed.locked().clone();
         }
         self.folders
             .iter()

@@ -19,6 +19,7 @@ use crate::config::keys::keys_of;
 use crate::config::{DatasetConfig, ImageMode, Limits, TrainCrop};
 use crate::fields::{FieldSpec, Resample, Schema, Value};
 use crate::pipeline::{FieldOp, Parse, Preprocess};
+use crate::sync::Locked;
 use anyhow::{ensure, Context, Result};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -283,7 +284,7 @@ fn scan(shards: &[Blob]) -> Vec<Result<(Vec<Member>, Option<String>)>> {
                 let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(shard) = shards.get(k) else { return };
                 let listed = members(shard, shard.size());
-                *out[k].lock().unwrap_or_else(|e| e.into_inner()) = Some(listed);
+                *out[k].locked() = Some(listed);
             });
         }
     });

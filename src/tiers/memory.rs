@@ -7,6 +7,7 @@
 use super::eviction::{Eviction, Key, KeyMap, NextUse, PolicyName, Size, StaleLru};
 use super::orders::{OrderKey, Orders, StreamEvent};
 use super::slabs::Slabs;
+use crate::sync::Locked;
 use bytes::Bytes;
 use std::sync::Mutex;
 
@@ -143,7 +144,7 @@ impl MemoryTier {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave the accounting half-done in a way
         // that matters more than stopping the daemon would, so keep serving.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.locked()
     }
 
     /// Looks a sample up, marking it used.

@@ -6,6 +6,7 @@
 //! jobs of a grid search on one seed) shares one `Order`, made once (`Orders`).
 
 use crate::sampler::{epoch_order, node_order, NodeSplit};
+use crate::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
@@ -142,7 +143,7 @@ impl Orders {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<OrderKey, Weak<Order>>> {
-        self.made.lock().unwrap_or_else(|e| e.into_inner())
+        self.made.locked()
     }
 }
 

@@ -14,6 +14,7 @@
 //! most about one slab per size, beyond what streams still hold.
 
 use super::eviction::Key;
+use crate::sync::Locked;
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::ptr::NonNull;
@@ -70,14 +71,14 @@ impl Slab {
     }
 
     fn free_slots(&self) -> usize {
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.free.locked().len()
     }
 
     /// `data` copied into a free slot, as `Bytes` that give the slot back when the last clone
     /// drops; None when the slab is full.
     fn place(self: &Arc<Slab>, data: &[u8]) -> Option<Bytes> {
         debug_assert!(data.len() <= self.slot);
-        let index = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop()?;
+        let index = self.free.locked().pop()?;
         // SAFETY: the slot was free, so nothing reads or writes it; it lies within the slab.
         unsafe {
             let at = self.base.as_ptr().add(index as usize * self.slot);
@@ -122,7 +123,7 @@ impl AsRef<[u8]> for Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        let mut free = self.slab.free.lock().unwrap_or_else(|e| e.into_inner());
+        let mut free = self.slab.free.locked();
         free.push(self.index);
     }
 }

@@ -5,6 +5,7 @@
 //! sample already in flight), the sample index (u64). A benchmarking aid: the file is the
 //! daemon user's, created afresh (never through a symlink), and off unless asked for.
 
+use crate::sync::Locked;
 use crate::tiers::eviction::Key;
 use anyhow::{Context, Result};
 use std::fs::File;
@@ -46,14 +47,14 @@ impl Trace {
         rec[..4].copy_from_slice(&key.0.to_le_bytes());
         rec[4..8].copy_from_slice(&(outcome as u32).to_le_bytes());
         rec[8..].copy_from_slice(&key.1.to_le_bytes());
-        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = self.out.locked();
         if let Err(e) = out.write_all(&rec) {
             tracing::warn!("writing the lookup trace: {e}");
         }
     }
 
     pub fn flush(&self) {
-        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = self.out.locked();
         if let Err(e) = out.flush() {
             tracing::warn!("writing the lookup trace: {e}");
         }

@@ -17,6 +17,7 @@
 //! rebuilds its index from the entries alone, without reading the records, and serves every
 //! valid record it finds; the last entry of a sample wins.
 
+use crate::sync::Locked;
 mod shard;
 mod space;
 
@@ -115,7 +116,7 @@ impl ScratchTier {
             shards.push(Some(shard.clone()));
             drop(shards);
             tier.filling.store(number, Relaxed);
-            *tier.appender.lock().unwrap() = Appender {
+            *tier.appender.locked() = Appender {
                 shard: Some(shard),
                 tail,
                 slot,
@@ -242,7 +243,7 @@ impl ScratchTier {
         if HEADER_BYTES + len + ENTRY_BYTES > MAX_SHARD_BYTES {
             return None;
         }
-        let mut a = self.appender.lock().unwrap_or_else(|e| e.into_inner());
+        let mut a = self.appender.locked();
         if !a.has_room(len) {
             let capacity = self.new_shard_capacity(len);
             if !self.space.reserve(capacity, self) {
@@ -454,11 +455,7 @@ impl ScratchTier {
         if self.space.writes_paused() {
             return false;
         }
-        let room = self
-            .appender
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .has_room(self.record_estimate);
+        let room = self.appender.locked().has_room(self.record_estimate);
         room || self.space.used.load(Relaxed) + self.new_shard_capacity(self.record_estimate)
             <= self.space.budget
     }

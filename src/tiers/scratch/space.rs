@@ -3,6 +3,7 @@
 //! a failure.
 
 use super::ScratchTier;
+use crate::sync::Locked;
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -84,14 +85,14 @@ impl ScratchSpace {
 
     /// Counts `tier` among those whose shards may give way to another dataset's.
     pub fn register(&self, tier: &Arc<ScratchTier>) {
-        let mut tiers = self.tiers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tiers = self.tiers.locked();
         tiers.retain(|t| t.strong_count() > 0);
         tiers.push(Arc::downgrade(tier));
     }
 
     /// No longer counts `tier` (its dataset is gone: its folder is idle, whole).
     pub fn deregister(&self, tier: &ScratchTier) {
-        let mut tiers = self.tiers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tiers = self.tiers.locked();
         tiers.retain(|t| t.upgrade().is_some_and(|t| !std::ptr::eq(t.as_ref(), tier)));
     }
 
@@ -106,7 +107,7 @@ impl ScratchSpace {
         let quiet = self.quiet_after.as_millis() as u64;
         let now = self.now();
         let tiers: Vec<Arc<ScratchTier>> = {
-            let tiers = self.tiers.lock().unwrap_or_else(|e| e.into_inner());
+            let tiers = self.tiers.locked();
             tiers.iter().filter_map(|t| t.upgrade()).collect()
         };
         let mut quiet_tiers: Vec<&Arc<ScratchTier>> = tiers
@@ -170,7 +171,7 @@ impl ScratchSpace {
                     .sum()
             })
             .unwrap_or(0);
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle = self.idle.locked();
         if idle.iter().any(|(p, _)| p == dir) {
             return 0;
         }
@@ -182,7 +183,7 @@ impl ScratchSpace {
     /// Takes a retired folder back into use (its dataset is served again): the bytes it
     /// counted as idle, which the tier opening it counts again as its shards.
     pub(super) fn reclaim(&self, dir: &Path) -> u64 {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle = self.idle.locked();
         let Some(k) = idle.iter().position(|(p, _)| p == dir) else {
             return 0;
         };
@@ -196,7 +197,7 @@ impl ScratchSpace {
     /// Removes the oldest idle folder; false when there is none.
     pub(super) fn evict_idle(&self) -> bool {
         let oldest = {
-            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            let mut idle = self.idle.locked();
             if idle.is_empty() {
                 return false;
             }
@@ -212,7 +213,7 @@ impl ScratchSpace {
     }
 
     pub fn snapshot(&self) -> ScratchSnapshot {
-        let paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        let paused = self.paused.locked();
         ScratchSnapshot {
             used: self.used.load(Relaxed),
             budget: self.budget,
@@ -225,7 +226,7 @@ impl ScratchSpace {
     }
 
     pub(super) fn writes_paused(&self) -> bool {
-        let paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        let paused = self.paused.locked();
         paused
             .as_ref()
             .is_some_and(|(_, until)| Instant::now() < *until)
@@ -233,7 +234,7 @@ impl ScratchSpace {
 
     /// Stops writing for a while after a failure (a full disk, most often), with one clear log line.
     pub(super) fn pause_writes(&self, why: String) {
-        let mut paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        let mut paused = self.paused.locked();
         tracing::error!(
             "scratch tier stops writing for {}s: {why}; samples are served from memory and raw storage",
             RETRY_WRITES_AFTER.as_secs()
