@@ -194,16 +194,29 @@ impl Dataset {
         )
     }
 
-    /// Samples `start..start + count` from raw storage, each prepared (its record, or why
-    /// not), with the raw bytes read (blocking: a source read in this process; a reader's
-    /// samples are awaited through `source.prepared()`). Err: the range as a whole did not
-    /// read.
+    /// Samples `start..start + count` from raw storage (`source::read_each`: the range, else
+    /// one by one), each prepared (its record, or why not), with the raw bytes read (blocking:
+    /// a source read in this process; a reader's samples are awaited through
+    /// `source.prepared()`). Err: a reader failed.
     pub fn load_range(&self, start: u64, count: u64) -> Result<crate::source::Loaded> {
-        let raw = self.source.read_range(start, count)?;
-        let raw_bytes = raw.iter().map(crate::fields::raw_bytes).sum();
-        let records = (start..)
-            .zip(raw)
-            .map(|(i, r)| self.prepare(i, r))
+        let raw = crate::source::read_each(self.source.as_ref(), start, count)?;
+        let raw_bytes = raw
+            .iter()
+            .filter_map(|(_, r)| r.as_ref().ok())
+            .map(crate::fields::raw_bytes)
+            .sum();
+        let records = raw
+            .into_iter()
+            .map(|(i, r)| {
+                r.with_context(|| {
+                    format!(
+                        "reading {} of dataset {:?}",
+                        self.source.sample_name(i),
+                        self.name
+                    )
+                })
+                .and_then(|r| self.prepare(i, r))
+            })
             .collect();
         Ok(crate::source::Loaded {
             records,

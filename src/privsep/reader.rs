@@ -396,18 +396,13 @@ impl Work {
 /// `FAILED`, and the daemon ends its streams.
 fn load(fd: RawFd, job: &Job, ds: &Open, start: u64, count: u64) -> u64 {
     let s = &ds.opened.source;
-    let raw: Vec<(u64, Result<crate::fields::RawSample>)> = match s.read_range(start, count) {
-        Ok(all) => (start..).zip(all.into_iter().map(Ok)).collect(),
-        Err(_) => (start..start + count).map(|i| (i, s.read(i))).collect(),
+    let raw = match crate::source::read_each(s.as_ref(), start, count) {
+        Ok(raw) => raw,
+        Err(e) => {
+            fail(fd, job.id, &e);
+            return 0;
+        }
     };
-    if let Some(e) = raw.iter().find_map(|(_, r)| {
-        r.as_ref()
-            .err()
-            .filter(|e| crate::error::Error::kind_of(e) == crate::error::Kind::Reader)
-    }) {
-        fail(fd, job.id, e);
-        return 0;
-    }
     let raw_bytes: u64 = raw
         .iter()
         .filter_map(|(_, r)| r.as_ref().ok())

@@ -365,6 +365,34 @@ fn found(n: u64) {
     });
 }
 
+/// The raw samples `start..start + count` of `source`, each its fields or why not: read as one
+/// range, else (a range that does not read whole: a file in it that does not) one by one, each
+/// with its own error. A failure of a reader itself (`Kind::Reader`) is the whole range's. What
+/// the daemon (for a dataset it reads itself) and a reader process both do on a miss; each then
+/// turns every sample into its record with `pipeline::prepare`.
+pub fn read_each(
+    source: &dyn RawSource,
+    start: u64,
+    count: u64,
+) -> Result<Vec<(u64, Result<RawSample>)>> {
+    use crate::error::{Error, Kind};
+    let mut raw: Vec<(u64, Result<RawSample>)> = match source.read_range(start, count) {
+        Ok(all) => (start..).zip(all.into_iter().map(Ok)).collect(),
+        Err(e) if Error::kind_of(&e) == Kind::Reader => return Err(e),
+        Err(_) => (start..start + count)
+            .map(|i| (i, source.read(i)))
+            .collect(),
+    };
+    let reader_failed =
+        |r: &Result<RawSample>| matches!(r, Err(e) if Error::kind_of(e) == Kind::Reader);
+    if let Some(k) = raw.iter().position(|(_, r)| reader_failed(r)) {
+        if let (_, Err(e)) = raw.swap_remove(k) {
+            return Err(e);
+        }
+    }
+    Ok(raw)
+}
+
 /// Reading a dataset of raw samples on long-term storage: what the store asks of a source.
 pub trait RawSource: Send + Sync {
     /// Number of samples.
