@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 struct Users {
     names: Vec<String>,
     group: String,
+    /// Users of the daemon's own (its user, a reader user), removed with the rest.
+    extra: Vec<String>,
 }
 
 impl Users {
@@ -36,7 +38,32 @@ impl Users {
             args.push(n);
             run("useradd", &args);
         }
-        Users { names, group }
+        Users {
+            names,
+            group,
+            extra: vec![],
+        }
+    }
+
+    /// One more user, named after the first with `suffix` (group nogroup, no login): the
+    /// daemon's own user, or a reader user. Its name and uid.
+    fn extra(&mut self, suffix: &str) -> (String, u32) {
+        let name = format!("{}{suffix}", self.names[0]);
+        run(
+            "useradd",
+            &[
+                "-M",
+                "-N",
+                "-g",
+                "nogroup",
+                "-s",
+                "/usr/sbin/nologin",
+                &name,
+            ],
+        );
+        self.extra.push(name.clone());
+        let uid = id("-u", &name);
+        (name, uid)
     }
 
     fn uid(&self, k: usize) -> u32 {
@@ -46,7 +73,7 @@ impl Users {
 
 impl Drop for Users {
     fn drop(&mut self) {
-        for n in &self.names {
+        for n in self.names.iter().chain(&self.extra) {
             let _ = Command::new("userdel").arg(n).status();
         }
         let _ = Command::new("groupdel").arg(&self.group).status();
@@ -398,31 +425,11 @@ fn wait_listed(uid: u32, socket: &Path, name: &str) {
 #[ignore = "adds users and groups: needs root (scripts/test runs it as root)"]
 fn users_add_their_own_datasets_read_with_their_own_rights() {
     assert_eq!(larder::access::euid(), 0, "run as root");
-    let users = Users::make();
+    let mut users = Users::make();
     let (alice, bob) = (users.uid(0), users.uid(1));
     let (an, bn) = (users.names[0].clone(), users.names[1].clone());
     // The daemon's own user, as the unit makes it.
-    let daemon_user = format!("{}d", users.names[0]);
-    run(
-        "useradd",
-        &[
-            "-M",
-            "-N",
-            "-g",
-            "nogroup",
-            "-s",
-            "/usr/sbin/nologin",
-            &daemon_user,
-        ],
-    );
-    struct Gone(String);
-    impl Drop for Gone {
-        fn drop(&mut self) {
-            let _ = Command::new("userdel").arg(&self.0).status();
-        }
-    }
-    let _gone = Gone(daemon_user.clone());
-    let larder = id("-u", &daemon_user);
+    let (_, larder) = users.extra("d");
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     set_mode(root, 0o755);
@@ -945,29 +952,9 @@ fn a_users_files_are_parsed_by_a_reader_as_them_and_its_failure_is_theirs_alone(
 #[ignore = "adds users and groups: needs root (scripts/test runs it as root)"]
 fn the_configs_datasets_are_read_by_the_reader_user_never_by_the_daemon() {
     assert_eq!(larder::access::euid(), 0, "run as root");
-    let users = Users::make();
+    let mut users = Users::make();
     let alice = users.uid(0);
-    let reader_name = format!("{}rd", users.names[0]);
-    run(
-        "useradd",
-        &[
-            "-M",
-            "-N",
-            "-g",
-            "nogroup",
-            "-s",
-            "/usr/sbin/nologin",
-            &reader_name,
-        ],
-    );
-    struct Gone(String);
-    impl Drop for Gone {
-        fn drop(&mut self) {
-            let _ = Command::new("userdel").arg(&self.0).status();
-        }
-    }
-    let _gone = Gone(reader_name.clone());
-    let reader_uid = id("-u", &reader_name);
+    let (reader_name, reader_uid) = users.extra("rd");
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     set_mode(root, 0o755);
@@ -1051,30 +1038,10 @@ fn the_configs_datasets_are_read_by_the_reader_user_never_by_the_daemon() {
 #[ignore = "adds users and groups: needs root (scripts/test runs it as root)"]
 fn the_daemonsets_start_as_root_with_two_capabilities_serves_as_its_own_user() {
     assert_eq!(larder::access::euid(), 0, "run as root");
-    let users = Users::make();
+    let mut users = Users::make();
     let alice = users.uid(0);
     let an = users.names[0].clone();
-    let daemon_user = format!("{an}d");
-    run(
-        "useradd",
-        &[
-            "-M",
-            "-N",
-            "-g",
-            "nogroup",
-            "-s",
-            "/usr/sbin/nologin",
-            &daemon_user,
-        ],
-    );
-    struct Gone(String);
-    impl Drop for Gone {
-        fn drop(&mut self) {
-            let _ = Command::new("userdel").arg(&self.0).status();
-        }
-    }
-    let _gone = Gone(daemon_user.clone());
-    let larder = id("-u", &daemon_user);
+    let (daemon_user, larder) = users.extra("d");
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     set_mode(root, 0o755);

@@ -52,24 +52,38 @@ static void on_message(j_common_ptr c, int level) {
     }
 }
 
+/* Errors of `cinfo` reported through `err`: their text into `msg` (msg_len bytes), the
+ * call's end through the caller's setjmp on err->back. */
+static void report_to(struct jpeg_decompress_struct *cinfo, struct errors *err, char *msg,
+                      size_t msg_len) {
+    memset(err, 0, sizeof *err);
+    err->msg = msg;
+    err->msg_len = msg_len;
+    cinfo->err = jpeg_std_error(&err->mgr);
+    err->mgr.error_exit = on_error;
+    err->mgr.emit_message = on_message;
+}
+
+/* A decompressor over the `len` bytes at `data`, its header read. */
+static void open_header(struct jpeg_decompress_struct *cinfo, const unsigned char *data,
+                        unsigned long len) {
+    jpeg_create_decompress(cinfo);
+    jpeg_mem_src(cinfo, data, len);
+    jpeg_read_header(cinfo, TRUE);
+}
+
 /* The size of `data` (len bytes) as decoded at 1/denom (denom 1, 2, 4 or 8): *w, *h. */
 int larder_jpeg_scaled_size(const unsigned char *data, unsigned long len, unsigned int denom,
                             unsigned int *w, unsigned int *h, char *msg, size_t msg_len) {
     struct jpeg_decompress_struct cinfo;
     struct errors err;
-    memset(&err, 0, sizeof err);
-    err.msg = msg;
-    err.msg_len = msg_len;
-    cinfo.err = jpeg_std_error(&err.mgr);
-    err.mgr.error_exit = on_error;
-    err.mgr.emit_message = on_message;
+    report_to(&cinfo, &err, msg, msg_len);
+    /* The longjmp of on_error lands here (this frame is live for every libjpeg call below). */
     if (setjmp(err.back)) {
         jpeg_destroy_decompress(&cinfo);
         return REGION_FAILED;
     }
-    jpeg_create_decompress(&cinfo);
-    jpeg_mem_src(&cinfo, data, len);
-    jpeg_read_header(&cinfo, TRUE);
+    open_header(&cinfo, data, len);
     cinfo.scale_num = 1;
     cinfo.scale_denom = denom;
     jpeg_calc_output_dimensions(&cinfo);
@@ -91,19 +105,13 @@ int larder_jpeg_region(const unsigned char *data, unsigned long len, unsigned in
                        unsigned int *got_cols, int *warnings, char *msg, size_t msg_len) {
     struct jpeg_decompress_struct cinfo;
     struct errors err;
-    memset(&err, 0, sizeof err);
-    err.msg = msg;
-    err.msg_len = msg_len;
-    cinfo.err = jpeg_std_error(&err.mgr);
-    err.mgr.error_exit = on_error;
-    err.mgr.emit_message = on_message;
+    report_to(&cinfo, &err, msg, msg_len);
+    /* The longjmp of on_error lands here (this frame is live for every libjpeg call below). */
     if (setjmp(err.back)) {
         jpeg_destroy_decompress(&cinfo);
         return REGION_FAILED;
     }
-    jpeg_create_decompress(&cinfo);
-    jpeg_mem_src(&cinfo, data, len);
-    jpeg_read_header(&cinfo, TRUE);
+    open_header(&cinfo, data, len);
     if (cinfo.num_components != 3 || cinfo.jpeg_color_space != JCS_YCbCr ||
         cinfo.progressive_mode || cinfo.arith_code) {
         jpeg_destroy_decompress(&cinfo);

@@ -51,6 +51,34 @@ pub fn resize_interleaved_into(
         buf.extend_from_slice(src);
         return Ok(buf);
     }
+    resize(src, (w, h), channels, None, (nw, nh), resample, buf)
+}
+
+/// The box (left, top, width, height, in pixels of `src`, fractions allowed) of interleaved
+/// pixels of `channels` bytes resized to (nw, nh): each output pixel's window and weights as
+/// resizing the whole image would give them at the box's scale (fast_image_resize's crop).
+pub fn resize_box_into(
+    src: &[u8],
+    (w, h): (u32, u32),
+    channels: u32,
+    area: (f64, f64, f64, f64),
+    (nw, nh): (u32, u32),
+    resample: Resample,
+    buf: Vec<u8>,
+) -> Result<Vec<u8>> {
+    resize(src, (w, h), channels, Some(area), (nw, nh), resample, buf)
+}
+
+/// `src` (or its box `area`) resized to (nw, nh) in `buf`'s allocation.
+fn resize(
+    src: &[u8],
+    (w, h): (u32, u32),
+    channels: u32,
+    area: Option<(f64, f64, f64, f64)>,
+    (nw, nh): (u32, u32),
+    resample: Resample,
+    mut buf: Vec<u8>,
+) -> Result<Vec<u8>> {
     let pixel = match channels {
         1 => PixelType::U8,
         3 => PixelType::U8x3,
@@ -63,52 +91,14 @@ pub fn resize_interleaved_into(
     buf.truncate(len);
     buf.resize(len, 0);
     let mut dst = Image::from_vec_u8(nw, nh, buf, pixel).context("output buffer")?;
-    RESIZER.with(|r| {
-        r.borrow_mut().resize(
-            &src,
-            &mut dst,
-            // A fourth byte is padding, not alpha.
-            &ResizeOptions::new()
-                .resize_alg(algorithm(resample))
-                .use_alpha(false),
-        )
-    })?;
-    Ok(dst.into_vec())
-}
-
-/// The box (left, top, width, height, in pixels of `src`, fractions allowed) of interleaved
-/// pixels of `channels` bytes resized to (nw, nh): each output pixel's window and weights as
-/// resizing the whole image would give them at the box's scale (fast_image_resize's crop).
-pub fn resize_box_into(
-    src: &[u8],
-    (w, h): (u32, u32),
-    channels: u32,
-    (left, top, bw, bh): (f64, f64, f64, f64),
-    (nw, nh): (u32, u32),
-    resample: Resample,
-    mut buf: Vec<u8>,
-) -> Result<Vec<u8>> {
-    let pixel = match channels {
-        1 => PixelType::U8,
-        3 => PixelType::U8x3,
-        4 => PixelType::U8x4,
-        c => anyhow::bail!("cannot resize pixels of {c} channels"),
-    };
-    let src = ImageRef::new(w, h, src, pixel).context("image buffer")?;
-    let len = nw as usize * nh as usize * channels as usize;
-    buf.truncate(len);
-    buf.resize(len, 0);
-    let mut dst = Image::from_vec_u8(nw, nh, buf, pixel).context("output buffer")?;
-    RESIZER.with(|r| {
-        r.borrow_mut().resize(
-            &src,
-            &mut dst,
-            &ResizeOptions::new()
-                .resize_alg(algorithm(resample))
-                .crop(left, top, bw, bh)
-                .use_alpha(false),
-        )
-    })?;
+    // A fourth byte is padding, not alpha.
+    let mut options = ResizeOptions::new()
+        .resize_alg(algorithm(resample))
+        .use_alpha(false);
+    if let Some((left, top, bw, bh)) = area {
+        options = options.crop(left, top, bw, bh);
+    }
+    RESIZER.with(|r| r.borrow_mut().resize(&src, &mut dst, &options))?;
     Ok(dst.into_vec())
 }
 
