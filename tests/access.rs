@@ -1129,6 +1129,7 @@ fn the_daemonsets_start_as_root_with_two_capabilities_serves_as_its_own_user() {
     assert_eq!(launchers.len(), 1, "{launchers:?}");
     assert_eq!(status_of(launchers[0], "CapEff"), "00000000000000c0");
     assert_eq!(status_of(launchers[0], "CapBnd"), "00000000000000c0");
+    assert_eq!(status_of(launchers[0], "NoNewPrivs"), "1");
 
     let o = larder_as(
         alice,
@@ -1162,4 +1163,33 @@ fn the_daemonsets_start_as_root_with_two_capabilities_serves_as_its_own_user() {
     assert_eq!(readers.len(), 1, "{readers:?}");
     assert_eq!(status_of(readers[0], "CapEff"), "0000000000000000");
     assert_eq!(status_of(readers[0], "NoNewPrivs"), "1");
+    drop(daemon);
+
+    // Started with all of root's (a host, not a container): the launcher keeps the two
+    // capabilities and a bounding set of those two alone, so no exec and no switch back to uid
+    // 0 regains the rest.
+    let child = Command::new(env!("CARGO_BIN_EXE_larderd"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--user", &daemon_user])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let daemon = Larderd(child);
+    let started = Instant::now();
+    while larderd_processes_of(larder).len() < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "larderd did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let launcher = larderd_processes_of(larder)
+        .into_iter()
+        .find(|p| *p != daemon.0.id())
+        .unwrap();
+    assert_eq!(status_of(launcher, "CapEff"), "00000000000000c0");
+    assert_eq!(status_of(launcher, "CapBnd"), "00000000000000c0");
+    assert_eq!(status_of(launcher, "NoNewPrivs"), "1");
+    assert_eq!(status_of(daemon.0.id(), "CapBnd"), "00000000000000c0");
 }

@@ -29,9 +29,14 @@ const PRIORITY: u8 = 0x20;
 /// The largest frame the server takes before its SETTINGS say more (RFC 9113, 4.2): the
 /// blocks written again are cut to it.
 const MOST_FRAME: usize = 16_384;
-/// The most bytes of one header block held while its CONTINUATIONs come: a request's
-/// headers are a few hundred bytes; a block past this closes the connection.
-const MOST_BLOCK: usize = 256 << 10;
+/// The most bytes of one header block held while its CONTINUATIONs come, and the most its
+/// fields may take decoded (RFC 7541's size: name, value and 32 a field): a request's headers
+/// are a few hundred bytes (gRPC's own limit on metadata is 8 KiB). Past either the connection
+/// is closed: one byte of HPACK can name a 4 KiB field of the client's table, so an unbounded
+/// decode would let a client grow the daemon's memory a thousandfold from what it sent.
+const MOST_BLOCK: usize = 64 << 10;
+/// An output buffer kept past a read is given back to the allocator over this size.
+const KEEP_OUT: usize = 64 << 10;
 /// The HPACK dynamic table's size an HTTP/2 server allows unless its SETTINGS say otherwise.
 const TABLE: usize = 4096;
 /// What a Unix socket's requests say they are for when what they said is no authority.
@@ -67,6 +72,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for LocalAuthority<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
         loop {
             if this.rewrite.take_into(buf) {
                 return Poll::Ready(Ok(()));
@@ -184,7 +192,11 @@ impl Rewrite {
         buf.put_slice(&ready[..n]);
         self.out_at += n;
         if self.out_at == self.out.len() {
-            self.out.clear();
+            if self.out.capacity() > KEEP_OUT {
+                self.out = Vec::new();
+            } else {
+                self.out.clear();
+            }
             self.out_at = 0;
         }
         true
@@ -229,7 +241,9 @@ impl Rewrite {
                     let len = frame_len(&self.pending);
                     if want == FRAME_HEADER && len > 0 && (kind == HEADERS || kind == CONTINUATION)
                     {
-                        if len > MOST_BLOCK {
+                        // The server's SETTINGS_MAX_FRAME_SIZE, which the daemon leaves at its
+                        // default: h2 refuses a larger frame too.
+                        if len > MOST_FRAME {
                             return Err(format!("a header frame of {len} bytes"));
                         }
                         continue; // its payload next
@@ -297,7 +311,7 @@ impl Rewrite {
             return Err("a CONTINUATION frame of another stream".into());
         }
         if block.fragments.len() + payload.len() > MOST_BLOCK {
-            return Err("a header block past 256 KiB".into());
+            return Err("a header block past 64 KiB".into());
         }
         block.fragments.extend_from_slice(payload);
         if flags & END_HEADERS != 0 {
@@ -310,16 +324,24 @@ impl Rewrite {
     /// The block's fields decoded, `:authority` made valid, written again as frames.
     fn write_block(&mut self, block: Block) -> Result<(), String> {
         let mut fields = Vec::new();
+        let mut size = 0usize;
         self.decoder
             .decode_with_cb(&block.fragments, |name, value| {
-                let value = if &*name == b":authority" && !is_authority(&value) {
-                    LOCAL.to_vec()
+                // Counted before anything is copied; past the limit nothing more is.
+                size = size.saturating_add(name.len() + value.len() + 32);
+                if size > MOST_BLOCK {
+                    return;
+                }
+                if &*name == b":authority" && !is_authority(&value) {
+                    literal(&mut fields, &name, LOCAL);
                 } else {
-                    value.into_owned()
-                };
-                literal(&mut fields, &name, &value);
+                    literal(&mut fields, &name, &value);
+                }
             })
             .map_err(|e| format!("a header block that does not decode: {e:?}"))?;
+        if size > MOST_BLOCK {
+            return Err(format!("header fields of {size} bytes decoded"));
+        }
         let mut first = block.priority.map(Vec::from).unwrap_or_default();
         let room = MOST_FRAME - first.len();
         let (head, mut rest) = fields.split_at(fields.len().min(room));
@@ -501,12 +523,17 @@ mod tests {
     #[test]
     fn a_block_past_a_frame_is_written_as_continuations() {
         let long = vec![b'x'; 40_000];
+        // (40 KB of fields: within the decoded limit, over one frame.)
         let mut enc = loona_hpack::Encoder::new();
         let block = enc.encode([(&b":authority"[..], &b"/a/b"[..]), (b"x-long", &long[..])]);
         let mut input = PREFACE.to_vec();
-        let (a, b) = block.split_at(block.len() / 2);
-        input.extend(frame(HEADERS, 0, 1, a));
-        input.extend(frame(CONTINUATION, END_HEADERS, 1, b));
+        // As a client sends it: frames of at most the server's 16 KiB.
+        let parts: Vec<&[u8]> = block.chunks(MOST_FRAME).collect();
+        for (k, part) in parts.iter().enumerate() {
+            let kind = if k == 0 { HEADERS } else { CONTINUATION };
+            let flags = if k + 1 == parts.len() { END_HEADERS } else { 0 };
+            input.extend(frame(kind, flags, 1, part));
+        }
         let got = frames(&through(&input, 1000));
         assert_eq!(got.len(), 3);
         assert!(got
@@ -548,7 +575,18 @@ mod tests {
         grow.push(v as u8);
         grow.extend_from_slice(&block);
         let grow = [PREFACE.to_vec(), frame(HEADERS, END_HEADERS, 1, &grow)].concat();
-        for bad in [other_stream, between, huge, garbage, grow] {
+        // A decompression bomb: a 4 KB field put in the client's table, then named by one byte
+        // 5,000 times (20 MB decoded from 9 KB sent).
+        let mut enc = loona_hpack::Encoder::new();
+        let mut bomb = enc.encode([(&b"x-big"[..], &vec![b'a'; 4000][..])]);
+        bomb.extend(std::iter::repeat_n(0xBE, 5000));
+        let bomb = [
+            PREFACE.to_vec(),
+            frame(HEADERS, 0, 1, &bomb[..9000]),
+            frame(CONTINUATION, END_HEADERS, 1, &bomb[9000..]),
+        ]
+        .concat();
+        for bad in [other_stream, between, huge, garbage, grow, bomb] {
             assert!(Rewrite::default().feed(&bad).is_err());
         }
     }

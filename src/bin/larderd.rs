@@ -57,10 +57,18 @@ fn main() -> Result<()> {
     if let Some(name) = &args.user {
         larder::privsep::start_as(name).context("starting larderd")?;
     }
+    let as_root = larder::access::euid() == 0;
     // Before any thread, and before the config is read (a reader, forked from the launcher,
     // holds nothing of it): the launcher keeps the capabilities to switch users, this process
     // none (see `privsep`).
     let separated = larder::privsep::separate().context("starting the launcher")?;
+    if as_root {
+        // uid 0 without capabilities still owns root's files (/etc/shadow is root's, 0640).
+        tracing::warn!(
+            "larderd serves as uid 0: start it as its own user (the systemd unit does), or as \
+             root with --user larder"
+        );
+    }
     let config = load(&args.config)?;
     if let Some(name) = &config.reader_user {
         larder::privsep::set_config_reader(name)

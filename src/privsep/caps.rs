@@ -166,6 +166,17 @@ pub fn become_user(uid: u32, gid: u32, groups: &[u32]) -> Result<()> {
         can_switch_users(),
         "switching to uid {uid} needs CAP_SETUID and CAP_SETGID (the DaemonSet adds them)"
     );
+    // Started with all of root's (a host, not a container): the bounding set keeps the two
+    // alone, so that no later exec or switch back to uid 0 regains the rest. Without
+    // CAP_SETPCAP (a container's bounding set is already two) each drop is refused: left so.
+    let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .unwrap_or(40);
+    for cap in (0..=last).filter(|&c| c != CAP_SETUID && c != CAP_SETGID) {
+        // SAFETY: prctl with integer arguments.
+        unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+    }
     // SAFETY: prctl, setgroups, setresgid and setresuid with valid arguments (the group list
     // outlives the call); checked below by what the kernel then says.
     unsafe {

@@ -241,6 +241,11 @@ pub fn serve(sock: OwnedFd) -> ! {
     // SAFETY: signal with integer arguments: children are reaped by the kernel.
     unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
     let kept = super::caps::keep_only_user_switching().and_then(|()| {
+        // Nothing it executes gains a privilege by the exec (a setuid-root file, file
+        // capabilities): what a taken-over launcher could reach stays its two capabilities.
+        // SAFETY: prctl with integer arguments.
+        let rc = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+        ensure!(rc == 0, "no_new_privs: {}", std::io::Error::last_os_error());
         ensure!(
             super::caps::can_switch_users(),
             "the launcher has not CAP_SETUID and CAP_SETGID (give them to larderd: the unit's \
