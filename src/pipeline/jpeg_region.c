@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include <jpeglib.h>
+#include <jerror.h>
 
 /* What larder_jpeg_region returns. */
 #define REGION_OK 0
@@ -27,6 +28,8 @@ struct errors {
     char *msg;
     size_t msg_len;
     int warned;
+    /* A warning that says the data ended before the image did (rows missing). */
+    int truncated;
 };
 
 static void on_error(j_common_ptr c) {
@@ -44,6 +47,9 @@ static void on_message(j_common_ptr c, int level) {
         return;
     }
     c->err->num_warnings++;
+    if (c->err->msg_code == JWRN_JPEG_EOF || c->err->msg_code == JWRN_HIT_MARKER) {
+        e->truncated = 1;
+    }
     if (!e->warned) {
         char text[JMSG_LENGTH_MAX];
         (*c->err->format_message)(c, text);
@@ -97,12 +103,15 @@ int larder_jpeg_scaled_size(const unsigned char *data, unsigned long len, unsign
  * 1/denom of its size, as RGBX, into `out` (rows x stride bytes). libjpeg starts the columns
  * at an iMCU boundary: *got_x is the first column decoded (<= x0) and *got_cols how many
  * (x0 + cols <= *got_x + *got_cols), which must fit `stride` / 4. The rows after the
- * rectangle are entropy-decoded too, so a file cut short anywhere is found as a whole decode
- * finds it. *warnings: how many warnings libjpeg gave (the first one's text in `msg`). */
+ * rectangle are decoded too (skipped, then the last one read into `spare`, `stride` bytes:
+ * skipping to the end alone decodes nothing), so a file cut short anywhere is found as a whole
+ * decode finds it. *warnings: how many warnings libjpeg gave (the first one's text in `msg`);
+ * *truncated: whether one of them said the data ended before the image did. */
 int larder_jpeg_region(const unsigned char *data, unsigned long len, unsigned int denom,
                        unsigned int x0, unsigned int y0, unsigned int cols, unsigned int rows,
-                       unsigned char *out, size_t stride, unsigned int *got_x,
-                       unsigned int *got_cols, int *warnings, char *msg, size_t msg_len) {
+                       unsigned char *out, size_t stride, unsigned char *spare,
+                       unsigned int *got_x, unsigned int *got_cols, int *warnings,
+                       int *truncated, char *msg, size_t msg_len) {
     struct jpeg_decompress_struct cinfo;
     struct errors err;
     report_to(&cinfo, &err, msg, msg_len);
@@ -153,11 +162,16 @@ int larder_jpeg_region(const unsigned char *data, unsigned long len, unsigned in
         r += n;
     }
     JDIMENSION left = cinfo.output_height - cinfo.output_scanline;
+    if (left > 1) {
+        jpeg_skip_scanlines(&cinfo, left - 1);
+    }
     if (left > 0) {
-        jpeg_skip_scanlines(&cinfo, left);
+        JSAMPROW row = spare;
+        jpeg_read_scanlines(&cinfo, &row, 1);
     }
     jpeg_finish_decompress(&cinfo);
     *warnings = (int)err.mgr.num_warnings;
+    *truncated = err.truncated;
     jpeg_destroy_decompress(&cinfo);
     return REGION_OK;
 }

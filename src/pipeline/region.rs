@@ -37,9 +37,11 @@ extern "C" {
         rows: c_uint,
         out: *mut u8,
         stride: usize,
+        spare: *mut u8,
         got_x: *mut c_uint,
         got_cols: *mut c_uint,
         warnings: *mut c_int,
+        truncated: *mut c_int,
         msg: *mut c_char,
         msg_len: usize,
     ) -> c_int;
@@ -130,10 +132,12 @@ pub fn kept_at_crop(
     // Rows of the decoded image's full width: libjpeg widens the columns to its blocks.
     let stride = w as usize * 4;
     let mut data = vec![0u8; stride * rows as usize];
+    // The last row of the file is decoded into this (the rows after the rectangle read).
+    let mut spare = vec![0u8; stride];
     let mut msg = [0 as c_char; 200];
-    let (mut got_x, mut got_cols, mut warnings) = (0, 0, 0);
-    // SAFETY: `encoded` is valid for its length; `data` holds `rows` rows of `stride` bytes;
-    // the outputs and the message buffer are ours.
+    let (mut got_x, mut got_cols, mut warnings, mut truncated) = (0, 0, 0, 0);
+    // SAFETY: `encoded` is valid for its length; `data` holds `rows` rows of `stride` bytes,
+    // `spare` one; the outputs and the message buffer are ours.
     let rc = unsafe {
         larder_jpeg_region(
             encoded.as_ptr(),
@@ -145,9 +149,11 @@ pub fn kept_at_crop(
             rows,
             data.as_mut_ptr(),
             stride,
+            spare.as_mut_ptr(),
             &mut got_x,
             &mut got_cols,
             &mut warnings,
+            &mut truncated,
             msg.as_mut_ptr(),
             msg.len(),
         )
@@ -158,9 +164,13 @@ pub fn kept_at_crop(
         _ => bail!("JPEG does not decode whole: {}", text(&msg)),
     }
     // As a whole decode: a file whose data ends early is missing rows (torchvision refuses it
-    // too); other warnings leave it whole.
-    if warnings > 0 && text(&msg).to_ascii_lowercase().contains("premature end") {
-        bail!("JPEG does not decode whole: {}", text(&msg));
+    // too), whichever warning came first; other warnings leave it whole.
+    if truncated != 0 || (warnings > 0 && text(&msg).to_ascii_lowercase().contains("premature end"))
+    {
+        bail!(
+            "JPEG does not decode whole: its data ends before its image does ({})",
+            text(&msg)
+        );
     }
     // The rectangle's rows as an image of their own (got_cols wide from column got_x): its
     // edges are the image's where they meet them, so the resizer clamps windows as it would
@@ -320,10 +330,19 @@ mod tests {
         let region = kept(&file, Some(224));
         assert_eq!(region.dims, vec![3, 224, 224]);
         assert_eq!(exact, region.data);
-        // A file cut short below the crop is refused, as a whole decode refuses it.
-        let cut = &photo(500, 375, false)[..];
-        let cut = &cut[..cut.len() * 9 / 10];
-        let err = kept_at_crop(cut, (500, 375), (341, 256), 224, Resample::Linear, u64::MAX)
+        // A file cut short, in the crop or below it, is refused, as a whole decode refuses it.
+        let whole = photo(500, 375, false);
+        for tenths in [5, 9] {
+            let cut = &whole[..whole.len() * tenths / 10];
+            let err = kept_at_crop(cut, (500, 375), (341, 256), 224, Resample::Linear, u64::MAX)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("does not decode whole"), "{tenths}/10: {err}");
+        }
+        // Portrait: the crop reads rows 185 to 514 of 700; cut at 85%, the file ends below it.
+        let tall = photo(375, 700, false);
+        let cut = &tall[..tall.len() * 85 / 100];
+        let err = kept_at_crop(cut, (375, 700), (256, 477), 224, Resample::Linear, u64::MAX)
             .unwrap_err()
             .to_string();
         assert!(err.contains("does not decode whole"), "{err}");
