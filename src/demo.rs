@@ -202,6 +202,8 @@ pub async fn run_epochs(
         dataset: dataset.into(),
         batch_size: 1,
         world_size: 1,
+        // Typed fields: any dataset's plan, not only one of a uint8 array and a label.
+        layout_version: 1,
         ..Default::default()
     };
     let started = Instant::now();

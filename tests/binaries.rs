@@ -38,11 +38,21 @@ fn larderd_serves_the_cli_over_a_unix_socket_and_stops_on_sigterm() {
     make_dataset(&dir.path().join("train.h5"), 64, &[3, 8, 8]).unwrap();
     let socket = dir.path().join("run/larder.sock");
     let config = dir.path().join("larder.toml");
+    // And a dataset of typed fields: float32 rows of a NumPy array (`larder bench` plans any).
+    let mut npy = b"\x93NUMPY\x01\x00".to_vec();
+    let mut header = "{'descr': '<f4', 'fortran_order': False, 'shape': (50, 3), }".to_string();
+    header.push_str(&" ".repeat(63 - (10 + header.len()) % 64));
+    header.push('\n');
+    npy.extend((header.len() as u16).to_le_bytes());
+    npy.extend(header.as_bytes());
+    npy.extend((0..150).flat_map(|i| (i as f32).to_le_bytes()));
+    std::fs::write(dir.path().join("rows.npy"), npy).unwrap();
     std::fs::write(
         &config,
         format!(
             "unix_socket = {socket:?}\n[scratch]\ndir = \"scratch\"\n[memory]\nbudget_bytes = 100000\n\
-             [[dataset]]\nname = \"train\"\npath = \"train.h5\"\nlabels = \"labels\"\n"
+             [[dataset]]\nname = \"train\"\npath = \"train.h5\"\nlabels = \"labels\"\n\
+             [[dataset]]\nname = \"rows\"\npath = \"rows.npy\"\n"
         ),
     )
     .unwrap();
@@ -53,9 +63,10 @@ fn larderd_serves_the_cli_over_a_unix_socket_and_stops_on_sigterm() {
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o660, "the daemon's user and group may connect");
 
-    // larderd listens first and opens its datasets after: "train" is listed once open.
+    // larderd listens first and opens its datasets after: each is listed once open.
     let mut datasets = larder(&addr, &["datasets"]);
-    while !datasets.contains("train") && started.elapsed() < Duration::from_secs(20) {
+    let open = |d: &str| d.contains("train.h5#images") && d.contains("rows.npy");
+    while !open(&datasets) && started.elapsed() < Duration::from_secs(20) {
         std::thread::sleep(Duration::from_millis(50));
         datasets = larder(&addr, &["datasets"]);
     }
@@ -64,8 +75,9 @@ fn larderd_serves_the_cli_over_a_unix_socket_and_stops_on_sigterm() {
     assert!(datasets.contains("train.h5#images"), "{datasets}");
     let stats = larder(&addr, &["stats"]);
     // The tier may hold the budget less the message path's share (a quarter of so small a
-    // one) and the dataset's footprint (its scratch tier's index: 64 samples of 8 bytes).
-    assert!(stats.contains("memory tier: 0 of 74488 bytes"), "{stats}");
+    // one) and the datasets' footprint (their scratch tier's indexes: 64 and 50 samples of 8
+    // bytes).
+    assert!(stats.contains("memory tier: 0 of 74088 bytes"), "{stats}");
     assert!(stats.contains("of the 0.1 MiB budget"), "{stats}");
     let warm = larder(&addr, &["warm", "train"]);
     assert!(
@@ -97,6 +109,23 @@ fn larderd_serves_the_cli_over_a_unix_socket_and_stops_on_sigterm() {
         "{bench}"
     );
     assert!(bench.contains("epoch 1: 128 samples"), "{bench}");
+    let typed = larder(
+        &addr,
+        &[
+            "bench",
+            "rows",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "8",
+            "--clients",
+            "1",
+        ],
+    );
+    assert!(
+        typed.contains("epoch 0: 50 samples") && typed.contains("exactly once per client: ok"),
+        "{typed}"
+    );
 
     let pid = daemon.0.id().to_string();
     assert!(Command::new("kill")
