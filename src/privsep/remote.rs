@@ -942,17 +942,18 @@ impl RemoteSource {
             let most = (table.len() as u64)
                 .saturating_mul(self.max_sample_bytes)
                 .min(MOST_ANSWER_BYTES);
-            let map = match m.fd() {
+            // Records in a sealed memfd are read out with pread, each into its own allocation
+            // (one copy, no mapping to fault in and tear down); inline ones are in the message.
+            let file = match m.fd() {
                 Some(fd) => {
                     rest.end()?;
-                    wire::map_sealed(fd, most)?
+                    let len = wire::sealed_len(fd, most)?;
+                    Some((std::fs::File::from(fd.try_clone()?), len))
                 }
                 None => None,
             };
-            let bytes: &[u8] = match &map {
-                Some(map) => map,
-                None => rest.rest(),
-            };
+            let inline: &[u8] = rest.rest();
+            let total = file.as_ref().map_or(inline.len() as u64, |(_, len)| *len);
             for (i, outcome) in table {
                 let slot = asked
                     .position(i)
@@ -964,9 +965,17 @@ impl RemoteSource {
                         ensure!(len <= self.max_sample_bytes, "a record of {len} bytes");
                         let end = at
                             .checked_add(len)
-                            .filter(|&e| e <= bytes.len() as u64)
+                            .filter(|&e| e <= total)
                             .context("a record past the end of the answer's records")?;
-                        let record = bytes[at as usize..end as usize].to_vec();
+                        let record = match &file {
+                            Some((f, _)) => {
+                                let mut record = vec![0u8; len as usize];
+                                std::os::unix::fs::FileExt::read_exact_at(f, &mut record, at)
+                                    .context("reading a record from the answer's memfd")?;
+                                record
+                            }
+                            None => inline[at as usize..end as usize].to_vec(),
+                        };
                         self.meta
                             .schema
                             .decode(&record)
