@@ -396,9 +396,11 @@ impl Store {
         // A range another call is reading already (a granule its misses are in too) is waited
         // for, not read again; the rest in loads of at most LOAD_SAMPLES samples (a larger
         // granule alone), each read as a task of its own and shared while it runs.
+        // Looked up and registered under one hold of the lock: two calls missing the same
+        // granule at once read it once.
         let (mut parts, mut fresh) = (vec![], vec![]);
         {
-            let reading = self.reading.locked();
+            let mut reading = self.reading.locked();
             for &r in &ranges {
                 match reading.get(&(ds.id, r)) {
                     Some(f) if !parts.iter().any(|(g, _): &(Read, bool)| g.ptr_eq(f)) => {
@@ -408,9 +410,13 @@ impl Store {
                     None => fresh.push(r),
                 }
             }
-        }
-        for part in chunks(&fresh, LOAD_SAMPLES) {
-            parts.push((self.read_part(&ds, scratch.clone(), part), true));
+            for part in chunks(&fresh, LOAD_SAMPLES) {
+                let read = self.read_part(&ds, scratch.clone(), part.clone());
+                for &r in &part {
+                    reading.insert((ds.id, r), read.clone());
+                }
+                parts.push((read, true));
+            }
         }
         for (read, ours) in parts {
             let part = read.await?;
@@ -447,9 +453,10 @@ impl Store {
         Ok(Arc::new(out))
     }
 
-    /// Samples of `part` of `ds` read from its reader as a task of its own, shared (under
-    /// `reading`) while it runs: its records written to `scratch` (on the pool) before it is
-    /// done, what holding them is charged kept until then.
+    /// Samples of `part` of `ds` read from its reader as a task of its own, to be shared
+    /// (the caller registers it under `reading`, whose lock it holds; the task lets the ranges
+    /// go when it ends): its records written to `scratch` (on the pool) before it is done, what
+    /// holding them is charged kept until then.
     fn read_part(
         self: &Arc<Self>,
         ds: &Arc<Dataset>,
@@ -510,10 +517,6 @@ impl Store {
         }
         .boxed()
         .shared();
-        let mut reading = self.reading.locked();
-        for &r in &part {
-            reading.insert((ds.id, r), read.clone());
-        }
         read
     }
 

@@ -8,6 +8,7 @@ import pathlib
 import shutil
 import subprocess
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -105,6 +106,14 @@ def test_datasets_in_an_object_store_are_served_as_their_local_copies(tmp_path, 
     d = daemon(tmp_path, tables, budget_bytes=50_000_000)
     try:
         with larder.Client(d.unix) as c:
+            # Every dataset open first: an open reads headers and footers (two datasets here
+            # read the same WebDataset and Parquet objects), which the epochs' count leaves out.
+            names = [f"{k}-{w}" for k in kinds for w in ("local", "s3")] + list(patterns)
+            deadline = time.time() + 60
+            while not all(n in {x.name for x in c.datasets()} for n in names):
+                assert time.time() < deadline, "the datasets did not open"
+                time.sleep(0.1)
+            opened = c.stats().object_bytes
             for name in kinds:
                 info = c.dataset(f"{name}-s3")
                 assert info.kind == kinds[name] and f"s3://data/sets/{name}" in info.source, info
@@ -113,9 +122,8 @@ def test_datasets_in_an_object_store_are_served_as_their_local_copies(tmp_path, 
                 assert there == here, f"{name}: the object store's samples differ from the local copy's"
             s = c.stats()
             assert s.object_gets > 0
-            # A cold epoch reads each object's bytes about once (the WebDataset's headers, a
-            # window each, and the Parquet footers on top).
-            assert s.object_bytes <= 1.15 * sum(uploaded.values()), (s.object_bytes, uploaded)
+            # A cold epoch reads each object's bytes about once.
+            assert s.object_bytes - opened <= 1.15 * sum(uploaded.values()), (s.object_bytes, opened, uploaded)
             before = (s.object_gets, s.object_bytes)
             for name in kinds:
                 assert len(epoch(c, f"{name}-s3", seed=9)) == n
