@@ -142,43 +142,31 @@ fn larderd_serves_the_cli_over_a_unix_socket_and_stops_on_sigterm() {
 fn larderd_fails_clearly_on_a_bad_config() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("larder.toml");
+    // larderd started on `text` as its config: it stops, and says why on stderr.
+    let refused = |text: &str| {
+        std::fs::write(&config, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_larderd"))
+            .arg("--config")
+            .arg(&config)
+            .env_remove("RUST_BACKTRACE")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
     // A dataset that does not open is left out (tests/hostile.rs); a config that does not
     // parse stops larderd, naming the key.
-    std::fs::write(
-        &config,
-        "listen = \"127.0.0.1:0\"\n[limits]\nmax_image_pixel = 5\n",
-    )
-    .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_larderd"))
-        .arg("--config")
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused("listen = \"127.0.0.1:0\"\n[limits]\nmax_image_pixel = 5\n");
     assert!(err.contains("max_image_pixel"), "{err}");
     assert!(err.contains("larder.toml"), "{err}");
 
     // A socket folder the daemon cannot make: the error names the folder and the key to set.
     std::fs::write(dir.path().join("a-file"), "").unwrap();
-    let socket = dir.path().join("a-file/larder.sock");
-    std::fs::write(
-        &config,
-        format!(
-            "unix_socket = {:?}\nstate_dir = {:?}\n",
-            socket,
-            dir.path().join("state")
-        ),
-    )
-    .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_larderd"))
-        .arg("--config")
-        .arg(&config)
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused(&format!(
+        "unix_socket = {:?}\nstate_dir = {:?}\n",
+        dir.path().join("a-file/larder.sock"),
+        dir.path().join("state")
+    ));
     assert!(
         err.contains(&format!("{}", dir.path().join("a-file").display()))
             && err.contains("set unix_socket in the config"),
@@ -186,24 +174,12 @@ fn larderd_fails_clearly_on_a_bad_config() {
     );
 
     // A scratch tier that cannot be made: the start stops, saying how to fix or turn it off.
-    std::fs::write(
-        &config,
-        format!(
-            "unix_socket = {:?}\nstate_dir = {:?}\n[scratch]\ndir = {:?}\n",
-            dir.path().join("s.sock"),
-            dir.path().join("state"),
-            dir.path().join("a-file/scratch")
-        ),
-    )
-    .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_larderd"))
-        .arg("--config")
-        .arg(&config)
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused(&format!(
+        "unix_socket = {:?}\nstate_dir = {:?}\n[scratch]\ndir = {:?}\n",
+        dir.path().join("s.sock"),
+        dir.path().join("state"),
+        dir.path().join("a-file/scratch")
+    ));
     assert!(
         err.contains("a-file/scratch") && err.contains("ReadWritePaths"),
         "{err}"
