@@ -383,7 +383,34 @@ def plot_tenancy(data, ax):
     return "What one user's attacks cost another's cold epoch (readers as their owners)"
 
 
+def plot_scale(data, ax):
+    rows = data["rows"]
+    n = [r["samples"] for r in rows]
+    lines = {"first batch, form 2 (computed order)": "first_batch_ms", "first batch, form 1 (listed)": "v1_first_batch_ms",
+             "PlanStream, form 2": "plan_ms", "PlanStream, form 1": "v1_plan_ms"}
+    for label, key in lines.items():
+        if rows and key in rows[0]:
+            ax.plot(n, [r[key] for r in rows], marker="o", linestyle="--" if "form 1" in label else "-",
+                    label=f"npy: {label}")
+    images = data.get("tables", {}).get("images") or []
+    if images:
+        files = [r["files"] for r in images]
+        ax.plot(files, [r["open_s"] * 1e3 for r in images], marker="s", label="image folder: larder open")
+        ax.plot(files, [r["reopen_s"] * 1e3 for r in images], marker="s", label="image folder: reopen after a restart")
+        ax.plot(files, [r["scandir_stat_s"] * 1e3 for r in images], marker="^", color="grey",
+                label="image folder: os.scandir + stat")
+        if images[0].get("imagefolder_s") is not None:
+            ax.plot(files, [r["imagefolder_s"] * 1e3 for r in images], marker="v", color="black",
+                    label="image folder: torchvision ImageFolder()")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("samples (files)")
+    ax.set_ylabel("ms")
+    return "What a stream's start and a dataset's open cost as the dataset grows"
+
+
 PLOTS = {
+    "scale": plot_scale,
     "tenancy": plot_tenancy,
     "budget": plot_budget,
     "objects": plot_objects,

@@ -49,6 +49,7 @@ fn policy(c: &mut Criterion) {
             epoch: 0,
             shuffle: true,
             split: None,
+            form: larder::sampler::OrderForm::V1,
         };
         let perms: Vec<Vec<u64>> = (0..orders).map(|o| epoch_order(N, o, 0, true)).collect();
         // Streams start spread over the epoch, as jobs begun at different times are.

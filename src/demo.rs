@@ -235,6 +235,8 @@ pub async fn run_epochs(
                 epoch,
                 world_size: 1,
                 layout_version: 1,
+                // The computed order: a stream starts in the same time at any size.
+                order_version: 2,
                 ..Default::default()
             };
             jobs.push(tokio::spawn(async move {

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod objects;
 pub mod open_streams;
 pub mod peer;
+pub mod permutation;
 pub mod pipeline;
 pub mod privsep;
 pub mod prometheus_metrics;

@@ -178,6 +178,7 @@ impl Streams {
             epoch: state.spec.epoch,
             shuffle: state.spec.shuffle,
             split: plan.split,
+            form: plan.order_form,
         };
         self.memory.stream_opened(id, order, plan.start_position());
         let mut open = self.lock();

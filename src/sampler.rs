@@ -256,6 +256,51 @@ fn taken_in_turn(lens: &[u64], used: u64) -> Vec<u64> {
     taken
 }
 
+/// The form of an epoch's order, named in requests and in a client's resume state: every
+/// seed's order differs between forms, so a checkpoint resumes on the form it was taken on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum OrderForm {
+    /// A Fisher-Yates shuffle by SplitMix64 (`epoch_order`), listed in full to be read: 8 bytes
+    /// a sample while a plan is built. Requests that name no form (clients before forms).
+    #[default]
+    V1,
+    /// A Feistel bijection keyed by (seed, epoch) (`permutation::Permutation`): any position's
+    /// sample, and any sample's position, computed when asked, so a stream's plan and the
+    /// memory tier's view of its future hold a few bytes whatever the dataset's size. A job
+    /// over several nodes reads the same node order as under V1 (listed).
+    V2,
+}
+
+impl OrderForm {
+    /// The form a request's `order_version` names: 0 (not named) and 1 are V1.
+    pub fn from_version(v: u32) -> Result<OrderForm> {
+        match v {
+            0 | 1 => Ok(OrderForm::V1),
+            2 => Ok(OrderForm::V2),
+            _ => bail!(
+                "order_version {v} is unknown to this daemon: it serves orders 1 and 2 (a newer client asked; ask for 2, or upgrade the daemon)"
+            ),
+        }
+    }
+
+    pub fn version(self) -> u32 {
+        match self {
+            OrderForm::V1 => 1,
+            OrderForm::V2 => 2,
+        }
+    }
+
+    /// Whether the whole epoch's order of `req` (no node split) is computed, not listed.
+    pub fn computed(self, split: Option<&NodeSplit>, shuffle: bool) -> bool {
+        self == OrderForm::V2 && split.is_none() && shuffle
+    }
+}
+
+/// The key of an epoch's V2 order: a pure function of (seed, epoch).
+pub fn epoch_key(seed: u64, epoch: u64) -> u64 {
+    seed ^ epoch.wrapping_mul(0xD1B5_4A32_D192_ED03)
+}
+
 /// What one stream serves: one shard's batches of one epoch.
 ///
 /// The sharding rule, the one place it is written (clients ask, never re-derive it): from
@@ -273,26 +318,46 @@ fn taken_in_turn(lens: &[u64], used: u64) -> Vec<u64> {
 /// `DistributedSampler(drop_last=False)` pads), so every rank takes the same number of steps; with
 /// `drop_last` as well it is dropped. Without `even_batches` the rest is cut into batches of
 /// `batch_size` for the first ranks, the last one short (dropped with `drop_last`).
+///
+/// A shard's batches are computed from their index: its full batches are the steps
+/// `start_step + worker + k * workers` below the last round, then the last round's batch if it
+/// has one. What a plan holds is the epoch's order: computed (V2 without a node split: a few
+/// bytes) or this shard's samples listed batch after batch (8 bytes a sample).
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// This shard's samples for the epoch, batch after batch.
-    samples: Vec<u64>,
-    /// Where each batch starts in `samples`, and where the last ends.
-    bounds: Vec<usize>,
-    /// The rank's loader step of each batch.
-    pub steps: Vec<u64>,
-    /// How many of each batch's samples, at its end, are padding (positions past the epoch's
-    /// end, wrapped to its start) rather than the epoch's own.
-    padding: Vec<u32>,
-    pub num_batches: u64,
-    pub start_batch: u64,
-    /// For `resume_sample`: samples in the epoch, where this plan started, samples per round.
+    order: Positions,
+    /// Samples of the order (`real`) and the length it is padded to (`num_samples`: the longest
+    /// node's part, or `real`).
+    real: u64,
     num_samples: u64,
     start_sample: u64,
+    start_step: u64,
+    workers: u64,
+    worker: u64,
+    batch: u64,
+    /// The rank's first position in each round (`rank * batch`), and samples per round.
+    offset: u64,
     round: u64,
+    /// The shard's full batches, and its last round's batch (position, length), if it has one.
+    full: u64,
+    last: Option<(u64, u64)>,
+    pub num_batches: u64,
+    pub start_batch: u64,
     /// The dataset's samples, and the node's part of them it reads (None: all).
     pub dataset_samples: u64,
     pub split: Option<NodeSplit>,
+    pub order_form: OrderForm,
+}
+
+/// Where a plan's samples come from.
+#[derive(Debug, Clone)]
+enum Positions {
+    /// Not shuffled: position p is sample p.
+    Identity,
+    /// The epoch's order, computed.
+    Computed(crate::permutation::Permutation),
+    /// This shard's samples, batch after batch (full batches of `batch` samples, then the last).
+    Listed(Vec<u64>),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -320,18 +385,37 @@ pub struct PlanRequest {
     /// torchrun numbers them); `start_sample` is then a position in the node's part. None:
     /// the whole epoch's order.
     pub split: Option<NodeSplit>,
+    pub order: OrderForm,
 }
 
 impl Plan {
     /// About the bytes a plan for `req` holds, known before it is built (at least what it
-    /// will hold): its shard's samples and, per batch, where it starts, its step and padding.
+    /// will hold): its shard's samples when they are listed.
     pub fn bytes_for(req: &PlanRequest) -> u64 {
+        let fixed = std::mem::size_of::<Plan>() as u64;
+        if !Plan::listed(req) {
+            return fixed;
+        }
         let shards = req.world_size.max(1) as u64 * req.num_workers.max(1) as u64;
         let nodes = req.split.map_or(1, |s| s.nodes.max(1) as u64);
         let batch = req.batch_size.max(1) as u64;
         let samples = (req.num_samples / nodes).div_ceil(shards) + batch;
-        let batches = samples.div_ceil(batch) + 1;
-        samples.saturating_mul(8) + batches.saturating_mul(8 + 8 + 8 + 4)
+        fixed + samples.saturating_mul(8)
+    }
+
+    /// Whether a plan for `req` lists its samples: a node's part, or a shuffled epoch in form 1.
+    fn listed(req: &PlanRequest) -> bool {
+        req.split.is_some() || (req.shuffle && req.order == OrderForm::V1)
+    }
+
+    /// Bytes building a plan for `req` takes while it is built: the whole order listed (twice
+    /// for a node's part), nothing when it is computed.
+    pub fn building_bytes(req: &PlanRequest) -> u64 {
+        if !Plan::listed(req) {
+            return 0;
+        }
+        req.num_samples
+            .saturating_mul(if req.split.is_some() { 16 } else { 8 })
     }
 
     pub fn new(req: PlanRequest) -> Result<Plan> {
@@ -357,7 +441,16 @@ impl Plan {
         let (order, pad, real, n, world, rank) = match &req.split {
             None => {
                 let n = req.num_samples;
-                let order = epoch_order(n, req.seed, req.epoch, req.shuffle);
+                let order = if !req.shuffle {
+                    Positions::Identity
+                } else if req.order == OrderForm::V2 {
+                    Positions::Computed(crate::permutation::Permutation::new(
+                        n,
+                        epoch_key(req.seed, req.epoch),
+                    ))
+                } else {
+                    Positions::Listed(epoch_order(n, req.seed, req.epoch, true))
+                };
                 (order, vec![], n, n, world, req.rank as u64)
             }
             Some(split) => {
@@ -398,7 +491,14 @@ impl Plan {
                         split.granule
                     );
                 }
-                (order, pad, real, n, local, req.rank as u64 % local)
+                (
+                    Positions::Listed(order),
+                    pad,
+                    real,
+                    n,
+                    local,
+                    req.rank as u64 % local,
+                )
             }
         };
         if req.start_sample > n {
@@ -413,72 +513,117 @@ impl Plan {
         let rest = n - req.start_sample;
         let full_rounds = rest / round;
         let tail = rest % round;
-        let mut samples = vec![];
-        let mut bounds = vec![0];
-        let mut steps = vec![];
-        let mut padding = vec![];
-        // Position p of the order, wrapping to its start for padding (to `pad`'s when the
-        // order is empty).
-        let at = |p: u64| match real {
-            0 => pad[(p % pad.len() as u64) as usize],
-            _ => order[(p % real) as usize],
+        let first = req.start_step + worker;
+        let full = match full_rounds > first {
+            true => (full_rounds - first).div_ceil(workers),
+            false => 0,
         };
-        let mut push = |step: u64, from: u64, len: u64| {
-            if step >= req.start_step && (step - req.start_step) % workers == worker && len > 0 {
-                samples.extend((from..from + len).map(at));
-                bounds.push(samples.len());
-                steps.push(step);
-                padding.push((from + len).saturating_sub(real.max(from)) as u32);
-            }
-        };
-        for t in 0..full_rounds {
-            push(t, req.start_sample + t * round + rank * b, b);
-        }
-        let last = req.start_sample + full_rounds * round;
-        if tail > 0 {
-            if req.even_batches {
+        let from_last = req.start_sample + full_rounds * round;
+        let mine =
+            |step: u64| step >= req.start_step && (step - req.start_step) % workers == worker;
+        let last = match tail > 0 && mine(full_rounds) {
+            false => None,
+            true if req.even_batches => {
                 let m = tail.div_ceil(world);
-                if !(req.drop_last && m < b) {
-                    push(full_rounds, last + rank * m, m);
-                }
-            } else {
+                (!(req.drop_last && m < b)).then_some((from_last + rank * m, m))
+            }
+            true => {
                 let from = rank * b;
                 let len = tail.saturating_sub(from).min(b);
-                if !(req.drop_last && len < b) {
-                    push(full_rounds, last + from, len);
-                }
+                (!(req.drop_last && len < b)).then_some((from_last + from, len))
             }
         }
-        let num_batches = steps.len() as u64;
+        .filter(|&(_, len)| len > 0);
+        let num_batches = full + last.is_some() as u64;
         if req.start_batch > num_batches {
             bail!(
                 "start_batch {} is past the end of the epoch ({num_batches} batches for this shard)",
                 req.start_batch
             );
         }
-        Ok(Plan {
-            samples,
-            bounds,
-            steps,
-            padding,
-            num_batches,
-            start_batch: req.start_batch,
+        let mut plan = Plan {
+            order: Positions::Identity,
+            real,
             num_samples: n,
             start_sample: req.start_sample,
+            start_step: req.start_step,
+            workers,
+            worker,
+            batch: b,
+            offset: rank * b,
             round,
+            full,
+            last,
+            num_batches,
+            start_batch: req.start_batch,
             dataset_samples: req.num_samples,
             split: req.split,
-        })
+            order_form: req.order,
+        };
+        plan.order = match order {
+            Positions::Listed(listed) => {
+                // Position p of the order, wrapping to its start for padding (to `pad`'s
+                // when the order is empty).
+                let at = |p: u64| match real {
+                    0 => pad[(p % pad.len() as u64) as usize],
+                    _ => listed[(p % real) as usize],
+                };
+                let mut samples = Vec::with_capacity((full * b + b) as usize);
+                for k in 0..num_batches {
+                    let (from, len) = plan.span(k);
+                    samples.extend((from..from + len).map(at));
+                }
+                Positions::Listed(samples)
+            }
+            computed => computed,
+        };
+        Ok(plan)
+    }
+
+    /// Batch `b`'s positions in the order: (first, count).
+    fn span(&self, b: u64) -> (u64, u64) {
+        match b < self.full {
+            true => (
+                self.start_sample + self.step(b) * self.round + self.offset,
+                self.batch,
+            ),
+            false => self.last.expect("a batch of the plan"),
+        }
+    }
+
+    /// The rank's loader step of batch `b`.
+    pub fn step(&self, b: u64) -> u64 {
+        match b < self.full {
+            true => self.start_step + self.worker + b * self.workers,
+            false => (self.num_samples - self.start_sample) / self.round,
+        }
     }
 
     /// How many samples at the end of batch `b` are padding.
     pub fn padding(&self, b: u64) -> u32 {
-        self.padding[b as usize]
+        let (from, len) = self.span(b);
+        (from + len).saturating_sub(self.real.max(from)) as u32
     }
 
     /// Sample indices of batch `b`.
-    pub fn batch(&self, b: u64) -> &[u64] {
-        &self.samples[self.bounds[b as usize]..self.bounds[b as usize + 1]]
+    pub fn batch(&self, b: u64) -> std::borrow::Cow<'_, [u64]> {
+        let (from, len) = self.span(b);
+        // Positions past the order's end are padding from its start.
+        let wrap = |p: u64| {
+            if p < self.real {
+                p
+            } else {
+                p % self.real.max(1)
+            }
+        };
+        match &self.order {
+            Positions::Listed(samples) => {
+                let at = (b * self.batch) as usize;
+                std::borrow::Cow::Borrowed(&samples[at..at + len as usize])
+            }
+            Positions::Identity => (from..from + len).map(wrap).collect(),
+            Positions::Computed(perm) => (from..from + len).map(|p| perm.at(wrap(p))).collect(),
+        }
     }
 
     /// `num_samples` samples in order, in batches of `batch_size`, from batch `start_batch`
@@ -501,13 +646,19 @@ impl Plan {
             drop_last: false,
             even_batches: false,
             split: None,
+            order: OrderForm::V2,
         })
         .expect("a valid plan")
     }
 
     /// Samples this stream will serve, from start_batch on.
     pub fn remaining_samples(&self) -> u64 {
-        (self.samples.len() - self.bounds[self.start_batch as usize]) as u64
+        let full = self.full.saturating_sub(self.start_batch) * self.batch;
+        let last = match (self.last, self.start_batch <= self.full) {
+            (Some((_, len)), true) => len,
+            _ => 0,
+        };
+        full + last
     }
 
     /// Samples in the epoch's order.
@@ -518,17 +669,18 @@ impl Plan {
     /// Where the stream starts in the epoch's order: the positions before it, in its share, it
     /// will not read this epoch.
     pub fn start_position(&self) -> u64 {
-        match self.steps.get(self.start_batch as usize) {
-            Some(&step) => (self.start_sample + step * self.round).min(self.num_samples),
-            None => self.num_samples,
+        match self.start_batch < self.num_batches {
+            true => {
+                (self.start_sample + self.step(self.start_batch) * self.round).min(self.num_samples)
+            }
+            false => self.num_samples,
         }
     }
 
     /// Where the job stands in the epoch's order once every rank has taken the step of batch
     /// `b`: the `start_sample` that resumes right after it.
     pub fn resume_sample(&self, b: u64) -> u64 {
-        let step = self.steps[b as usize];
-        (self.start_sample + (step + 1) * self.round).min(self.num_samples)
+        (self.start_sample + (self.step(b) + 1) * self.round).min(self.num_samples)
     }
 }
 
@@ -553,6 +705,7 @@ mod tests {
             drop_last: false,
             even_batches: false,
             split: None,
+            order: OrderForm::V1,
         }
     }
 
@@ -574,7 +727,7 @@ mod tests {
         for rank in 0..3 {
             let p = Plan::new(req(100, 8, rank, 3)).unwrap();
             for b in 0..p.num_batches {
-                all.extend_from_slice(p.batch(b));
+                all.extend_from_slice(&p.batch(b));
             }
         }
         all.sort();
@@ -626,6 +779,7 @@ mod sharding_tests {
             drop_last: false,
             even_batches: true,
             split: None,
+            order: OrderForm::V1,
         }
     }
 
@@ -641,12 +795,88 @@ mod sharding_tests {
                 })
                 .unwrap();
                 for b in 0..p.num_batches {
-                    out.push((rank, p.steps[b as usize], p.batch(b).to_vec()));
+                    out.push((rank, p.step(b), p.batch(b).to_vec()));
                 }
             }
         }
         out.sort();
         out
+    }
+
+    /// A V2 plan is a V1 plan's positions read through the computed order: the same batches
+    /// at the same steps, padding and resume positions, on every shape tried (ranks, workers,
+    /// resumes, padding, drop_last), and so the same exactness.
+    #[test]
+    fn computed_orders_shard_and_resume_as_listed_ones_do() {
+        let n = 103;
+        let v1 = epoch_order(n, 3, 1, true);
+        let mut position_v1 = vec![0; n as usize];
+        for (p, &s) in v1.iter().enumerate() {
+            position_v1[s as usize] = p as u64;
+        }
+        let perm = crate::permutation::Permutation::new(n, epoch_key(3, 1));
+        let mut tried = 0;
+        for (ws, nw, bs) in [(1, 1, 8), (2, 3, 8), (3, 2, 5), (4, 1, 1), (2, 2, 200)] {
+            for (start_sample, start_step) in [(0, 0), (16, 0), (30, 2), (103, 0)] {
+                for (even_batches, drop_last) in
+                    [(true, false), (true, true), (false, false), (false, true)]
+                {
+                    for rank in 0..ws {
+                        for worker in 0..nw {
+                            let req = PlanRequest {
+                                start_sample,
+                                start_step,
+                                even_batches,
+                                drop_last,
+                                ..plan(n, bs, rank, ws, worker, nw)
+                            };
+                            let (Ok(a), Ok(b)) = (
+                                Plan::new(req),
+                                Plan::new(PlanRequest {
+                                    order: OrderForm::V2,
+                                    ..req
+                                }),
+                            ) else {
+                                continue;
+                            };
+                            tried += 1;
+                            assert_eq!(a.num_batches, b.num_batches);
+                            assert_eq!(a.remaining_samples(), b.remaining_samples());
+                            assert_eq!(a.start_position(), b.start_position());
+                            for k in 0..a.num_batches {
+                                assert_eq!(
+                                    (a.step(k), a.padding(k), a.resume_sample(k)),
+                                    (b.step(k), b.padding(k), b.resume_sample(k))
+                                );
+                                let through: Vec<u64> = a
+                                    .batch(k)
+                                    .iter()
+                                    .map(|&s| perm.at(position_v1[s as usize]))
+                                    .collect();
+                                assert_eq!(through, b.batch(k).to_vec());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(tried > 300, "{tried} plans compared");
+    }
+
+    #[test]
+    fn computed_plans_hold_a_few_bytes_at_any_size() {
+        let req = PlanRequest {
+            order: OrderForm::V2,
+            ..plan(10_000_000_000, 1, 0, 1, 0, 1)
+        };
+        assert!(Plan::bytes_for(&req) < 256 && Plan::building_bytes(&req) == 0);
+        let p = Plan::new(req).unwrap();
+        assert_eq!(p.num_batches, 10_000_000_000);
+        let mut seen: Vec<u64> = (0..1000).flat_map(|b| p.batch(b).to_vec()).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 1000);
+        assert_eq!(p.resume_sample(9_999_999_999), 10_000_000_000);
     }
 
     #[test]
@@ -738,7 +968,7 @@ mod sharding_tests {
             "the same batches at the same steps, however many workers"
         );
         let p = Plan::new(plan(1000, 16, 1, 2, 2, 3)).unwrap();
-        assert!((0..p.num_batches).all(|b| p.steps[b as usize] % 3 == 2));
+        assert!((0..p.num_batches).all(|b| p.step(b) % 3 == 2));
     }
 
     #[test]
@@ -778,7 +1008,7 @@ mod sharding_tests {
             ..plan(n, 12, 1, 2, 0, 1)
         })
         .unwrap();
-        assert_eq!(p.steps[0], 5);
+        assert_eq!(p.step(0), 5);
         assert_eq!(p.resume_sample(p.num_batches - 1), n);
         assert!(Plan::new(PlanRequest {
             start_sample: n + 1,

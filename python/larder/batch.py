@@ -68,7 +68,7 @@ class Batch(Mapping):
     """
 
     __slots__ = ("index", "num_batches", "step", "resume_sample", "sample_ids", "fields", "lengths",
-                 "padding", "stream_id")
+                 "padding", "stream_id", "order_version")
 
     def __init__(self, msg: "Union[pb.Batch, RawBatch]", slot: Optional[np.ndarray] = None):
         raw = None
@@ -87,6 +87,9 @@ class Batch(Mapping):
         self.padding: int = getattr(msg, "padding", 0)
         # The stream's id in the daemon (`larder top`, `Client.streams()`; 0 from older ones).
         self.stream_id: int = getattr(msg, "stream_id", 0)
+        # The form of the epoch's order (1 or 2; daemons before forms send 0 and serve 1): a
+        # resume state records it, so the rest of the epoch is asked for in the same order.
+        self.order_version: int = getattr(msg, "order_version", 0) or 1
         n = len(self.sample_ids)
         self.fields: Dict[str, Union[np.ndarray, Ragged]] = {}
         self.lengths: Dict[str, np.ndarray] = {}

@@ -226,7 +226,8 @@ class Client:
         `num_workers`). `shard`: seed=0, epoch=0, rank=0, world_size=1, worker=0,
         num_workers=1, shuffle=True, drop_last=False, even_batches=True, start_sample=0,
         start_step=0, start_batch=0, fields=None, variable_layout="padded", pipeline="eval",
-        nodes=0, node=0, partitions=0, swap=0.0, resumed_nodes=0, resumed_sample=0.
+        nodes=0, node=0, partitions=0, swap=0.0, resumed_nodes=0, resumed_sample=0,
+        order_version=2, augment_seed=None.
 
         The daemon holds the sharding rule: the epoch's order, from `start_sample` on, is cut
         into batches taken in rounds, one per rank, round t being every rank's step t; a rank's
@@ -242,6 +243,9 @@ class Client:
         same bytes wherever it is replayed or resumed, the next epoch new ones. `"eval"`
         (default) cuts the center. A sample whose files do not read or decode is left out of
         its batch (see `bad_samples`), so a batch may hold fewer than `batch_size`.
+        `augment_seed` draws the crops and flips from (augment_seed, epoch, sample id) instead:
+        jobs of a grid search on one order `seed` share each read and decode and still get
+        their own augmentation.
 
         `nodes`, `node`: a job over several nodes, each with its own larderd (the client of
         each rank connects to its node's daemon): node `node` (torchrun's GROUP_RANK, Slurm's
@@ -269,7 +273,11 @@ class Client:
 
         The order is a function of (seed, epoch) only, so if the daemon goes away the stream
         reconnects and asks for the rest, starting at the next batch it has not yielded: every
-        sample still comes exactly once.
+        sample still comes exactly once. `order_version` names the order's form: 2 (default) is
+        computed as it is read, so a stream starts as fast on 10^8 samples as on 10^3; 1 is the
+        form of clients before 2 (every seed's order differs between them). A position saved
+        to resume an epoch (`resume_sample`) holds in the form it was read in: record each
+        batch's `order_version` with it and ask for that form again.
 
         The iterator times the loop around it (its wait in `next()`, its step between batches),
         tells the daemon about once a second (a small call, its time counted in neither), and

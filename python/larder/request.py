@@ -33,6 +33,8 @@ def stream_request(
     swap: float = 0.0,
     resumed_nodes: int = 0,
     resumed_sample: int = 0,
+    order_version: int = 2,
+    augment_seed: Optional[int] = None,
 ) -> "pb.StreamBatchesRequest":
     """The StreamBatches request for `Client.stream`'s arguments, checked here so that bad ones fail
     before any call (LarderIterableDataset checks them as it is made)."""
@@ -45,8 +47,11 @@ def stream_request(
         raise ValueError(f"node must be in 0..{nodes}, not {node}")
     if resumed_nodes and not nodes:
         raise ValueError("resumed_nodes names the nodes an epoch began on: give nodes too")
+    if order_version not in (1, 2):
+        raise ValueError(f"order_version must be 1 or 2, not {order_version!r}")
     if not 0.0 <= swap <= 1.0:
         raise ValueError(f"swap must be a share from 0 to 1, not {swap}")
+    extra = {} if augment_seed is None else {"augment_seed": augment_seed}
     return pb.StreamBatchesRequest(
         dataset=dataset,
         batch_size=batch_size,
@@ -72,4 +77,6 @@ def stream_request(
         swap=swap,
         resumed_nodes=resumed_nodes,
         resumed_sample=resumed_sample,
+        order_version=order_version,
+        **extra,
     )

@@ -160,6 +160,24 @@ def test_train_crops_are_seeded_per_epoch_and_eval_is_the_center(tmp_path):
         d.stop()
 
 
+def test_an_augment_seed_draws_its_own_crops_over_the_same_order(tmp_path):
+    """Jobs of a grid search on one order seed: the same samples in the same order, each job's
+    crops from its own augment_seed; naming the order's seed changes nothing."""
+    photos(tmp_path / "photos")
+    d = images_daemon(tmp_path, tmp_path / "photos", TRAIN)
+    try:
+        with Client(d.unix) as c:
+            def ordered(**kw):
+                return [(int(i), np.array(b["image"][k])) for b in c.stream("pics", 2, pipeline="train", seed=5, **kw)
+                        for k, i in enumerate(b.sample_ids)]
+            plain, same, other = ordered(), ordered(augment_seed=5), ordered(augment_seed=6)
+            assert [i for i, _ in plain] == [i for i, _ in same] == [i for i, _ in other], "one order"
+            assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(plain, same)), "augment_seed = seed: as before"
+            assert sum(not np.array_equal(a, b) for (_, a), (_, b) in zip(plain, other)) == len(plain)
+    finally:
+        d.stop()
+
+
 def test_pipelines_a_dataset_lacks_are_refused_clearly(tmp_path):
     photos(tmp_path / "photos")
     d = images_daemon(tmp_path, tmp_path / "photos", "resize = 96\ncrop = 64\n")

@@ -254,7 +254,7 @@ pub async fn assemble(
     buffers: &Arc<MessageBuffers>,
 ) -> Result<(Batch, Option<Slot>, TierMix)> {
     let planned = plan.batch(b);
-    let fetched = store.get_many(ds, planned);
+    let fetched = store.get_many(ds, &planned);
     let mut mix = TierMix::default();
     let fetched: Vec<Option<Bytes>> = fetched
         .await?
@@ -301,9 +301,10 @@ pub async fn assemble(
         num_batches: plan.num_batches,
         sample_ids: ids,
         slot: slot.as_ref().map_or(0, |s| s.index() + 1),
-        step: plan.steps[b as usize],
+        step: plan.step(b),
         resume_sample: plan.resume_sample(b),
         padding,
+        order_version: plan.order_form.version(),
         ..Default::default()
     };
     match sel.legacy {

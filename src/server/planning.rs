@@ -1,13 +1,14 @@
 //! What opening a stream costs the daemon, charged to whoever opens it before it is built
-//! (see `footprint`): building its plan (the epoch's whole order, for the while it is built),
-//! the plan (its shard's samples, batch by batch) and, for a shuffled epoch, the epoch's order
-//! the memory tier keeps (where each sample comes: four bytes a sample, one for all the
-//! streams a user has on that order). Plans are built off the async threads, a few at a time per user
+//! (see `footprint`). A computed order (`OrderForm::V2`, no node split) costs a few bytes a
+//! stream. A listed one costs building its plan (the epoch's whole order, for the while it is
+//! built), the plan (its shard's samples) and, for a shuffled epoch, the epoch's order the
+//! memory tier keeps (where each sample comes: four bytes a sample, one for all the streams a
+//! user has on that order). Plans are built off the async threads, a few at a time per user
 //! (`limits.plans_per_user`): a user asking for many waits for their own.
 
 use crate::access::Caller;
 use crate::footprint::{Charge, Footprint, Payer};
-use crate::sampler::{NodeSplit, Plan, PlanRequest};
+use crate::sampler::{NodeSplit, OrderForm, Plan, PlanRequest};
 use crate::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -15,7 +16,7 @@ use tonic::Status;
 
 /// A user's orders, as charged: one charge per (payer, dataset, seed, epoch, split), held by
 /// every stream of theirs on it.
-type OrderKey = (Payer, u32, u64, u64, Option<NodeSplit>);
+type OrderKey = (Payer, u32, u64, u64, Option<NodeSplit>, OrderForm);
 
 pub struct Planning {
     account: Arc<Footprint>,
@@ -67,16 +68,14 @@ impl Planning {
         let plan_charge =
             self.account
                 .charge(payer, Plan::bytes_for(&req), &format!("{what}: its plan"))?;
-        let order = match with_order && req.shuffle {
+        let order = match with_order && req.shuffle && !req.order.computed(req.split.as_ref(), true)
+        {
             true => Some(self.order(payer, dataset, &req, &what)?),
             false => None,
         };
         let _turn = self.turns.take(payer_key(payer)).await;
-        // Building it orders the whole epoch (8 bytes a sample, twice for a node's part):
-        // charged while it is built.
-        let building = req
-            .num_samples
-            .saturating_mul(if req.split.is_some() { 16 } else { 8 });
+        // Building a listed order lists the whole epoch: charged while it is built.
+        let building = Plan::building_bytes(&req);
         let _building =
             self.account
                 .charge(payer, building, &format!("{what}: building its plan"))?;
@@ -103,7 +102,7 @@ impl Planning {
         req: &PlanRequest,
         what: &str,
     ) -> Result<Arc<Charge>, Status> {
-        let key = (payer, dataset, req.seed, req.epoch, req.split);
+        let key = (payer, dataset, req.seed, req.epoch, req.split, req.order);
         let mut orders = self.orders.locked();
         if let Some(c) = orders.get(&key).and_then(Weak::upgrade) {
             return Ok(c);

@@ -23,7 +23,7 @@ use crate::proto::{
     SourceKindResponse, Stats, StreamBatchesRequest, StreamInfo, StreamPlan, UnavailableDataset,
     VariableLayout, WarmProgress, WarmRequest,
 };
-use crate::sampler::{NodeSplit, Plan, PlanRequest, DEFAULT_PARTITIONS};
+use crate::sampler::{NodeSplit, OrderForm, Plan, PlanRequest, DEFAULT_PARTITIONS};
 use crate::store::{no_scratch, Store};
 use futures::Stream;
 use std::pin::Pin;
@@ -445,7 +445,7 @@ impl Service {
             }
         };
         sel.pipeline = ds.pipeline(kind).map_err(precondition)?.cloned();
-        (sel.seed, sel.epoch) = (req.seed, req.epoch);
+        (sel.seed, sel.epoch) = (req.augment_seed.unwrap_or(req.seed), req.epoch);
         if req.batch_size > self.max_batch_size {
             return Err(bad_request(format!(
                 "batch_size {} is larger than the daemon's max_batch_size {}",
@@ -493,6 +493,8 @@ impl Service {
                 resumed: (req.resumed_nodes > 0 && req.resumed_nodes != req.nodes)
                     .then_some((req.resumed_nodes, req.resumed_sample)),
             }),
+            order: OrderForm::from_version(req.order_version)
+                .map_err(|e| bad_request(format!("{e:#}")))?,
         };
         Ok((sel, request))
     }

@@ -5,7 +5,8 @@
 //! position and speed give the time. Every stream on one order (a job's ranks and workers,
 //! jobs of a grid search on one seed) shares one `Order`, made once (`Orders`).
 
-use crate::sampler::{epoch_order, node_order, NodeSplit};
+use crate::permutation::Permutation;
+use crate::sampler::{epoch_key, epoch_order, node_order, NodeSplit, OrderForm};
 use crate::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -20,6 +21,7 @@ pub struct OrderKey {
     pub shuffle: bool,
     /// A node's part of the epoch (`sampler::NodeSplit`): its order is that part's.
     pub split: Option<NodeSplit>,
+    pub form: OrderForm,
 }
 
 impl OrderKey {
@@ -37,14 +39,33 @@ impl OrderKey {
 #[derive(Debug)]
 pub struct Order {
     pub key: OrderKey,
-    /// `position[s]`: where sample s comes in the order; None for the identity (no shuffle).
-    position: Option<Box<[u32]>>,
+    position: Where,
+}
+
+/// Where a sample comes in an order.
+#[derive(Debug)]
+enum Where {
+    /// Not shuffled: sample s comes at s.
+    Identity,
+    /// `[s]`: where sample s comes (u32::MAX: in another node's part).
+    Listed(Box<[u32]>),
+    /// The inverse of the epoch's computed order.
+    Computed(Permutation),
 }
 
 impl Order {
-    /// The order `key` names; None when it is too long to keep (more than 2^32 - 1 samples,
-    /// shuffled): a stream on it publishes no future.
+    /// The order `key` names; None when it is listed and too long to keep (more than 2^32 - 1
+    /// samples, shuffled): a stream on it publishes no future.
     pub fn new(key: OrderKey) -> Option<Order> {
+        if key.form.computed(key.split.as_ref(), key.shuffle) {
+            return Some(Order {
+                key,
+                position: Where::Computed(Permutation::new(
+                    key.num_samples,
+                    epoch_key(key.seed, key.epoch),
+                )),
+            });
+        }
         if let Some(split) = &key.split {
             if key.num_samples >= u32::MAX as u64 {
                 return None;
@@ -57,13 +78,13 @@ impl Order {
             }
             return Some(Order {
                 key,
-                position: Some(position),
+                position: Where::Listed(position),
             });
         }
         if !key.shuffle {
             return Some(Order {
                 key,
-                position: None,
+                position: Where::Identity,
             });
         }
         if key.num_samples >= u32::MAX as u64 {
@@ -76,7 +97,7 @@ impl Order {
         }
         Some(Order {
             key,
-            position: Some(position),
+            position: Where::Listed(position),
         })
     }
 
@@ -98,15 +119,20 @@ impl Order {
         }
         match &self.position {
             // Another node's sample: this stream never reads it.
-            Some(p) if p[sample as usize] == u32::MAX => None,
-            Some(p) => Some(p[sample as usize] as u64),
-            None => Some(sample),
+            Where::Listed(p) if p[sample as usize] == u32::MAX => None,
+            Where::Listed(p) => Some(p[sample as usize] as u64),
+            Where::Identity => Some(sample),
+            Where::Computed(perm) => Some(perm.position(sample)),
         }
     }
 
     /// Bytes it takes.
     pub fn bytes(&self) -> usize {
-        std::mem::size_of::<Order>() + self.position.as_ref().map_or(0, |p| p.len() * 4)
+        std::mem::size_of::<Order>()
+            + match &self.position {
+                Where::Listed(p) => p.len() * 4,
+                _ => 0,
+            }
     }
 }
 
@@ -178,6 +204,7 @@ mod tests {
             epoch,
             shuffle,
             split: None,
+            form: OrderForm::V1,
         }
     }
 
@@ -191,6 +218,42 @@ mod tests {
         let plain = Order::new(key(7, 3, false)).unwrap();
         assert_eq!(plain.position(17), Some(17));
         assert_eq!(key(7, 3, true).next(), key(7, 4, true));
+    }
+
+    /// A computed order's positions are where a V2 plan of the whole epoch serves each sample.
+    #[test]
+    fn a_computed_order_is_where_a_v2_plan_serves_each_sample() {
+        use crate::sampler::{Plan, PlanRequest};
+        let key = OrderKey {
+            form: OrderForm::V2,
+            ..key(7, 3, true)
+        };
+        let order = Order::new(key).unwrap();
+        assert!(order.bytes() < 128);
+        let plan = Plan::new(PlanRequest {
+            num_samples: 1000,
+            batch_size: 10,
+            seed: 7,
+            epoch: 3,
+            rank: 0,
+            world_size: 1,
+            worker: 0,
+            num_workers: 1,
+            start_sample: 0,
+            start_step: 0,
+            start_batch: 0,
+            shuffle: true,
+            drop_last: false,
+            even_batches: false,
+            split: None,
+            order: OrderForm::V2,
+        })
+        .unwrap();
+        for b in 0..plan.num_batches {
+            for (i, &s) in plan.batch(b).iter().enumerate() {
+                assert_eq!(order.position(s), Some(b * 10 + i as u64));
+            }
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from larder.client import Client
+from larder.errors import LarderError
 from larder.request import stream_request
 from larder.torch.connections import inherited, open_client, plan_elsewhere
 from larder.torch.epochs import EpochClock, position
@@ -97,14 +98,23 @@ class LarderIterableDataset(IterableDataset):
         node: Optional[int] = None,
         partitions: int = 0,
         swap: float = 0.0,
+        order_version: Optional[int] = None,
+        augment_seed: Optional[int] = None,
     ):
         super().__init__()
         # Bad arguments fail here rather than at the first batch (Client.stream's own checks).
-        stream_request(dataset, batch_size, variable_layout=variable_layout, pipeline=pipeline)
+        stream_request(dataset, batch_size, variable_layout=variable_layout, pipeline=pipeline,
+                       order_version=order_version or 2)
         self.dataset = dataset
         self.batch_size = batch_size
         self.address = address
         self.seed = seed
+        # The form of the epochs' order: as asked (None: 2 for a new run), or as a loaded
+        # state recorded it (a run keeps the form it began on).
+        self.order_version = order_version
+        # The train pipeline's crops and flips from this seed (None: the order's seed).
+        self.augment_seed = augment_seed
+        self._order = order_version or 2
         self._clock = EpochClock(epoch, 0, start_step)
         self.rank = rank
         self.world_size = world_size
@@ -191,11 +201,26 @@ class LarderIterableDataset(IterableDataset):
     def state_dict(self) -> dict:
         """Where this copy of the dataset stands: see the class docstring."""
         if self._position is None:
-            return position(self._clock.peek())
+            return {**position(self._clock.peek()), "order": self._order}
         return dict(self._position)
 
     def load_state_dict(self, state: dict) -> None:
-        """Resumes from `state_dict()`: the next iteration goes on where it stood."""
+        """Resumes from `state_dict()`: the next iteration goes on where it stood, in the order
+        form the state was taken in (states without one are of form 1)."""
+        order = state.get("order", 1)
+        if order not in (1, 2):
+            raise ValueError(f"this state's order form {order!r} is unknown to this client (1 or 2)")
+        mid_epoch = state.get("sample", 0) > 0 or state.get("batches", 0) > 0 or state.get("base_step", 0) > 0
+        if self.order_version is not None and order != self.order_version:
+            if mid_epoch:
+                raise ValueError(
+                    f"this state stands mid-epoch in an order of form {order}, and this dataset asks for form "
+                    f"{self.order_version}: the rest of the epoch in another order would repeat some samples and "
+                    f"skip others. Resume with order_version={order} (or leave it unset: a loaded state's form is "
+                    f"kept), or from a state taken at an epoch's end")
+            order = self.order_version
+        self._order = order
+        state = {**state, "order": order}
         if get_worker_info() is not None:
             self._restored = dict(state)  # this worker's own shard, as it stood
         else:
@@ -248,7 +273,7 @@ class LarderIterableDataset(IterableDataset):
         shard = dict(seed=self.seed, rank=rank, world_size=world, shuffle=self.shuffle,
                      drop_last=self.drop_last, even_batches=self.even_batches,
                      fields=self._served_fields(), variable_layout=self.variable_layout,
-                     pipeline=self.pipeline)
+                     pipeline=self.pipeline, order_version=self._order, augment_seed=self.augment_seed)
         if self.nodes and self.nodes > 1 and world > 1:
             shard.update(nodes=self.nodes, node=self._node(rank, world), partitions=self.partitions,
                          swap=self.swap)
@@ -307,7 +332,9 @@ class LarderIterableDataset(IterableDataset):
             epoch, start_sample, start_step = self._clock.next(worker)
             start_batch = 0
         shard, start_sample, nodes = self._split(self._shard(rank, world), epoch, start_sample, restored is not None)
-        at = self._position = {**position(epoch, start_sample, start_step, start_batch), **nodes}
+        at = self._position = {**position(epoch, start_sample, start_step, start_batch), **nodes,
+                                "order": self._order}
+        resuming = start_sample > 0 or start_step > 0 or start_batch > 0
         client = self._connection()
         for batch in client.stream(
             self.dataset,
@@ -333,12 +360,19 @@ class LarderIterableDataset(IterableDataset):
                 if device is not None:
                     mask = mask.to(device, non_blocking=True)
                 out = {**out, "valid": mask} if isinstance(out, dict) else (*out, mask)
+            if batch.order_version != at["order"]:
+                if resuming:
+                    raise LarderError(
+                        f"the daemon serves orders of form {batch.order_version} only, and this epoch was begun in "
+                        f"form {at['order']}: upgrade the daemon to resume it, or resume from an epoch's end")
+                # A daemon before order forms serves form 1: the run goes on in it.
+                at["order"] = self._order = batch.order_version
             at["batches"] += 1
             at["sample"] = batch.resume_sample
             del batch
             yield out
         # The epoch is done: a checkpoint now resumes at the start of the next one.
-        self._position = position(epoch + 1)
+        self._position = {**position(epoch + 1), "order": self._order}
 
     def _device(self):
         """Where batches go: `device`, where "auto" is the current CUDA device when there is

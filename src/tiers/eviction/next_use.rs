@@ -568,6 +568,7 @@ mod tests {
                         epoch: state.epoch,
                         shuffle: true,
                         split: None,
+                        form: crate::sampler::OrderForm::V1,
                     };
                     tier.stream_opened(state.id, key, 0);
                 }
@@ -711,6 +712,7 @@ mod tests {
             epoch: 0,
             shuffle: true,
             split: None,
+            form: crate::sampler::OrderForm::V1,
         };
         tier.stream_opened(1, key(1), 0);
         tier.stream_opened(2, key(1), 0);
@@ -741,6 +743,7 @@ mod tests {
             epoch: 0,
             shuffle: true,
             split: None,
+            form: crate::sampler::OrderForm::V1,
         };
         // Streams that read their whole epoch and end: each leaves its next epoch known.
         for seed in 0..200 {
@@ -772,6 +775,7 @@ mod tests {
             epoch: 0,
             shuffle: false,
             split: None,
+            form: crate::sampler::OrderForm::V1,
         };
         tier.stream_opened(1, key, 0);
         // 90 is held, used and let go, then taken in again while 10 and 20 are held.
@@ -805,6 +809,7 @@ mod tests {
             epoch: 0,
             shuffle: false,
             split: None,
+            form: crate::sampler::OrderForm::V1,
         };
         tier.stream_opened(1, key, 0);
         assert!(tier.insert((0, 10), one(), 1));
@@ -831,6 +836,7 @@ mod tests {
             epoch: 0,
             shuffle: false,
             split: None,
+            form: crate::sampler::OrderForm::V1,
         };
         tier.stream_opened(1, key, 0);
         assert!(tier.insert((0, 50), Bytes::from(vec![0u8; 1000]), 1000));
