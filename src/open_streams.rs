@@ -178,7 +178,9 @@ impl Streams {
             epoch: state.spec.epoch,
             shuffle: state.spec.shuffle,
             split: plan.split,
-            form: plan.order_form,
+            form: plan
+                .order_form
+                .effective(plan.split.as_ref(), state.spec.shuffle),
         };
         self.memory.stream_opened(id, order, plan.start_position());
         let mut open = self.lock();

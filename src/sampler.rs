@@ -294,6 +294,15 @@ impl OrderForm {
     pub fn computed(self, split: Option<&NodeSplit>, shuffle: bool) -> bool {
         self == OrderForm::V2 && split.is_none() && shuffle
     }
+
+    /// The form an order is made in: V1 where both forms give the same order (a node's part,
+    /// an unshuffled epoch), so streams asking in either share one.
+    pub fn effective(self, split: Option<&NodeSplit>, shuffle: bool) -> OrderForm {
+        match self.computed(split, shuffle) {
+            true => OrderForm::V2,
+            false => OrderForm::V1,
+        }
+    }
 }
 
 /// The key of an epoch's V2 order: a pure function of (seed, epoch).
@@ -582,6 +591,7 @@ impl Plan {
 
     /// Batch `b`'s positions in the order: (first, count).
     fn span(&self, b: u64) -> (u64, u64) {
+        debug_assert!(b < self.num_batches, "batch {b} of {}", self.num_batches);
         match b < self.full {
             true => (
                 self.start_sample + self.step(b) * self.round + self.offset,

@@ -1188,6 +1188,15 @@ fn the_daemonsets_start_as_root_with_two_capabilities_serves_as_its_own_user() {
         .into_iter()
         .find(|p| *p != daemon.0.id())
         .unwrap();
+    // The launcher drops what it does not keep, then sets NO_NEW_PRIVS, as it starts: looked
+    // at once it has.
+    while status_of(launcher, "NoNewPrivs") != "1" {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the launcher never set NO_NEW_PRIVS"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(status_of(launcher, "CapEff"), "00000000000000c0");
     assert_eq!(status_of(launcher, "CapBnd"), "00000000000000c0");
     assert_eq!(status_of(launcher, "NoNewPrivs"), "1");

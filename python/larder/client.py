@@ -373,6 +373,7 @@ class Client:
         self, request: "pb.StreamBatchesRequest", transport: str, pin_memory: bool, state: StreamState
     ) -> Iterator[Batch]:
         next_batch = request.start_batch
+        form = None
         retry_until = None
         delay = 0.05
         want_ring = transport != "bytes"
@@ -409,6 +410,17 @@ class Client:
                                 raise LarderError(
                                     f"expected batch {next_batch} from the daemon, got {msg.batch_index}"
                                 )
+                            # The epoch goes on in the order form it began in: after a reconnect
+                            # to a daemon of another version, the rest is asked for in that form
+                            # (daemons before forms send 0 and serve form 1).
+                            served = msg.order_version or 1
+                            if form is None:
+                                form = request.order_version = served
+                            elif served != form:
+                                raise LarderError(
+                                    f"the daemon now serves order form {served} where this epoch began in form "
+                                    f"{form} (it was replaced by a version that cannot serve form {form}): the rest "
+                                    "of the epoch in another order would repeat some samples and skip others")
                             slot = None
                             if msg.slot:
                                 if ring is None:

@@ -181,7 +181,19 @@ fn open_dataset(fd: RawFd, m: &wire::Message, found: &Arc<AtomicU64>) -> Result<
         true => c.path.parent().map(PathBuf::from).unwrap_or_default(),
         false => c.path.clone(),
     };
-    let rules = super::sandbox::rules_for(&root, &walk);
+    let mut said = Instant::now();
+    let rules = super::sandbox::rules_for(&root, &walk, &mut || {
+        if said.elapsed() >= protocol::ALIVE_EVERY {
+            send(
+                fd,
+                Kind::Alive,
+                0,
+                &protocol::alive(found.load(Relaxed)),
+                None,
+            );
+            said = Instant::now();
+        }
+    });
     if super::sandbox::restrict_files(&rules)
         .context("holding the reader to the dataset's files")?
         == super::sandbox::Landlocked::Unsupported

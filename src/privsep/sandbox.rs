@@ -424,7 +424,7 @@ fn allow_beneath(ruleset: &OwnedFd, path: &Path) -> Result<()> {
 /// The paths a reader of a source with these `files` (and `root`) is held to: each file
 /// itself when there are few, else each folder a file is in (with what a link among the
 /// files points to), and the root.
-pub fn rules_for(root: &Path, files: &[PathBuf]) -> Vec<PathBuf> {
+pub fn rules_for(root: &Path, files: &[PathBuf], alive: &mut dyn FnMut()) -> Vec<PathBuf> {
     const EACH_FILE_UP_TO: usize = 64;
     // Objects are not files: a reader of them reads through its channel and may open none.
     if crate::objects::is_url(root) {
@@ -435,7 +435,11 @@ pub fn rules_for(root: &Path, files: &[PathBuf]) -> Vec<PathBuf> {
         out.extend(files.iter().cloned());
     } else {
         let mut folders = std::collections::BTreeSet::new();
-        for f in files {
+        for (i, f) in files.iter().enumerate() {
+            // A folder of a million files takes a few seconds: the caller says it is alive.
+            if i % 4096 == 0 {
+                alive();
+            }
             if let Some(parent) = f.parent() {
                 folders.insert(parent.to_path_buf());
             }
@@ -546,7 +550,7 @@ mod tests {
             .map(|_| data.join("in"))
             .chain([data.join("link")])
             .collect();
-        let rules = rules_for(&data, &files);
+        let rules = rules_for(&data, &files, &mut || {});
         assert!(rules.contains(&elsewhere), "{rules:?}");
         // In the order a reader takes: its seccomp filter first, then Landlock after its walk.
         assert!(in_child(|| {

@@ -102,7 +102,8 @@ impl Planning {
         req: &PlanRequest,
         what: &str,
     ) -> Result<Arc<Charge>, Status> {
-        let key = (payer, dataset, req.seed, req.epoch, req.split, req.order);
+        let form = req.order.effective(req.split.as_ref(), req.shuffle);
+        let key = (payer, dataset, req.seed, req.epoch, req.split, form);
         let mut orders = self.orders.locked();
         if let Some(c) = orders.get(&key).and_then(Weak::upgrade) {
             return Ok(c);

@@ -97,7 +97,11 @@ impl Stamp {
 /// made again with the same size and mtime (`touch -d`), even on the same inode number, has
 /// another one, so it never finds the shards of the file it replaced.
 pub fn file_version(path: &Path) -> String {
-    let meta = std::fs::metadata(path).ok();
+    file_version_of(path, std::fs::metadata(path).ok().as_ref())
+}
+
+/// `file_version` from a status already taken (None: the file could not be stat'ed).
+pub fn file_version_of(path: &Path, meta: Option<&std::fs::Metadata>) -> String {
     let len = meta.as_ref().map_or(0, |m| m.len());
     let nanos = |t: std::io::Result<std::time::SystemTime>| {
         t.ok()

@@ -2,7 +2,7 @@
 //! each further image field the file of the same relative name (any image extension) in that
 //! field's folder: `images/` and `masks/`, or `lr/` and `hr/`.
 
-use super::{file_version, read_capped, Format, Opened, Provenance, RawSample, RawSource};
+use super::{file_version_of, read_capped, Format, Opened, Provenance, RawSample, RawSource};
 use crate::config::keys::keys_of;
 use crate::config::{DatasetConfig, FieldConfig, ImageMode, Limits, TrainCrop};
 use crate::fields::{Pairing, Resample, Schema, Value};
@@ -219,20 +219,38 @@ fn folder_mtime(dir: &Path) -> Option<std::time::SystemTime> {
     std::fs::metadata(dir).and_then(|m| m.modified()).ok()
 }
 
-fn is_image(p: &Path) -> bool {
-    p.is_file()
-        && p.extension().is_some_and(|e| {
-            IMAGE_EXTENSIONS.contains(&e.to_string_lossy().to_lowercase().as_str())
+/// A folder's entry: its path, and whether it is (or links to) a folder or a file.
+struct Entry {
+    path: PathBuf,
+    dir: bool,
+    file: bool,
+}
+
+fn is_image(e: &Entry) -> bool {
+    e.file
+        && e.path.extension().is_some_and(|x| {
+            IMAGE_EXTENSIONS.contains(&x.to_string_lossy().to_lowercase().as_str())
         })
 }
 
-fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+/// A folder's entries, sorted by path. Their types come from the listing itself (no stat a
+/// file, which a folder of a million images would pay a million times); a symbolic link, or a
+/// file system that does not say, is followed with a stat, as `Path::is_dir` would.
+fn sorted_entries(dir: &Path) -> Result<Vec<Entry>> {
+    let mut entries: Vec<Entry> = std::fs::read_dir(dir)
         .with_context(|| format!("reading folder {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter_map(|e| e.ok())
+        .map(|e| {
+            let path = e.path();
+            let (dir, file) = match e.file_type() {
+                Ok(t) if !t.is_symlink() => (t.is_dir(), t.is_file()),
+                _ => std::fs::metadata(&path).map_or((false, false), |m| (m.is_dir(), m.is_file())),
+            };
+            Entry { path, dir, file }
+        })
         .collect();
     super::found(entries.len() as u64);
-    entries.sort();
+    entries.sort_unstable_by(|a, b| a.path.cmp(&b.path));
     Ok(entries)
 }
 
@@ -252,14 +270,14 @@ impl ImageFolderSource {
         let primary_dir = root.join(primary.folder.as_deref().unwrap_or(Path::new(".")));
         let entries = sorted_entries(&primary_dir)
             .with_context(|| format!("image folder of field {:?}", primary.name))?;
-        let class_dirs: Vec<&PathBuf> = entries.iter().filter(|p| p.is_dir()).collect();
+        let class_dirs: Vec<&PathBuf> = entries.iter().filter(|e| e.dir).map(|e| &e.path).collect();
         let mut folders = vec![(primary_dir.clone(), folder_mtime(&primary_dir))];
         let wants_class = fields.iter().any(|f| f.from == Some(FieldFrom::Class));
         // Relative paths of the samples, and their classes.
         let (mut rels, mut labels, mut classes) = (vec![], vec![], vec![]);
         // Class subfolders when a field wants the class or the folder holds no images itself;
         // else the images in the folder.
-        let by_class = wants_class || !entries.iter().any(|p| is_image(p));
+        let by_class = wants_class || !entries.iter().any(is_image);
         if by_class {
             ensure!(
                 !class_dirs.is_empty(),
@@ -275,14 +293,14 @@ impl ImageFolderSource {
                 let class = dir.file_name().unwrap_or_default().to_owned();
                 classes.push(class.to_string_lossy().into_owned());
                 folders.push((dir.to_path_buf(), folder_mtime(dir)));
-                for p in sorted_entries(dir)?.into_iter().filter(|p| is_image(p)) {
-                    rels.push(Path::new(&class).join(p.file_name().unwrap_or_default()));
+                for e in sorted_entries(dir)?.into_iter().filter(is_image) {
+                    rels.push(Path::new(&class).join(e.path.file_name().unwrap_or_default()));
                     labels.push(label as i64);
                 }
             }
         } else {
-            for p in entries.iter().filter(|p| is_image(p)) {
-                rels.push(PathBuf::from(p.file_name().unwrap_or_default()));
+            for e in entries.iter().filter(|e| is_image(e)) {
+                rels.push(PathBuf::from(e.path.file_name().unwrap_or_default()));
                 labels.push(0);
             }
         }
@@ -316,9 +334,11 @@ impl ImageFolderSource {
         for c in &columns {
             if let Column::Files(files) = c {
                 for (i, path) in files.iter().enumerate() {
-                    let v = file_version(path);
+                    // One stat a file: its version (size and stamps) and its size.
+                    let meta = std::fs::metadata(path).ok();
+                    let v = file_version_of(path, meta.as_ref());
                     hash = crate::fingerprint::fingerprint(&[&hash.to_le_bytes(), v.as_bytes()]);
-                    sizes[i] += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+                    sizes[i] += meta.map_or(0, |m| m.len());
                 }
             }
         }
@@ -559,12 +579,12 @@ fn paired_files(dir: &Path, field: &str, rels: &[PathBuf]) -> Result<Vec<PathBuf
             dir.display(),
             rels.len()
         );
-        for p in listed {
-            if p.is_dir() {
-                pending.push(p);
-            } else if is_image(&p) {
-                let rel = p.strip_prefix(dir).unwrap_or(&p);
-                by_stem.entry(stem_key(rel)).or_insert(p.clone());
+        for e in listed {
+            if e.dir {
+                pending.push(e.path);
+            } else if is_image(&e) {
+                let rel = e.path.strip_prefix(dir).unwrap_or(&e.path);
+                by_stem.entry(stem_key(rel)).or_insert(e.path.clone());
             }
         }
     }

@@ -18,7 +18,7 @@ pub mod walk;
 mod webdataset;
 
 pub use self::blob::Blob;
-pub use self::files::{file_version, read_capped, Stamp};
+pub use self::files::{file_version, file_version_of, read_capped, Stamp};
 pub use self::hdf5::{write_hdf5, Hdf5Field, Hdf5Source, MAX_GRANULE};
 pub use self::images::{ImageField, ImageFolderSource};
 

@@ -62,23 +62,29 @@ fn beneath(
     let entries =
         std::fs::read_dir(dir).with_context(|| format!("reading folder {}", dir.display()))?;
     for e in entries {
-        let p = e
-            .with_context(|| format!("reading folder {}", dir.display()))?
-            .path();
-        // Links followed: a link to a file the user may not read is refused when read (and
-        // by the access check), not hidden.
-        let Ok(meta) = std::fs::metadata(&p) else {
-            out.push(p);
-            continue;
-        };
+        let e = e.with_context(|| format!("reading folder {}", dir.display()))?;
+        let p = e.path();
         ensure!(
             out.len() < MAX_ENTRIES,
             "{} holds over {MAX_ENTRIES} files and folders",
             dir.display()
         );
         progress(out.len() as u64);
-        out.push(p.clone());
+        // A file is listed as the folder says it is (no stat: a folder of a million images
+        // would pay a million). Folders are looked at (each entered once), and links followed:
+        // a link to a file the user may not read is refused when read (and by the access
+        // check), not hidden.
+        let regular = e.file_type().is_ok_and(|t| t.is_file());
+        out.push(p);
+        if regular {
+            continue;
+        }
+        let p = out.last().expect("just pushed");
+        let Ok(meta) = std::fs::metadata(p) else {
+            continue;
+        };
         if meta.is_dir() && depth < MAX_DEPTH && seen.insert((meta.dev(), meta.ino())) {
+            let p = p.clone();
             beneath(&p, depth + 1, seen, out, progress)?;
         }
     }

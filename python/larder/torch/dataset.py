@@ -103,6 +103,8 @@ class LarderIterableDataset(IterableDataset):
     ):
         super().__init__()
         # Bad arguments fail here rather than at the first batch (Client.stream's own checks).
+        if order_version not in (None, 1, 2):
+            raise ValueError(f"order_version must be 1, 2 or None (2, or a loaded state's), not {order_version!r}")
         stream_request(dataset, batch_size, variable_layout=variable_layout, pipeline=pipeline,
                        order_version=order_version or 2)
         self.dataset = dataset
@@ -112,6 +114,9 @@ class LarderIterableDataset(IterableDataset):
         # The form of the epochs' order: as asked (None: 2 for a new run), or as a loaded
         # state recorded it (a run keeps the form it began on).
         self.order_version = order_version
+        # Whether the form is fixed (given, or a loaded state's): an epoch resumed without one
+        # takes the form the daemon serves.
+        self._order_fixed = order_version is not None
         # The train pipeline's crops and flips from this seed (None: the order's seed).
         self.augment_seed = augment_seed
         self._order = order_version or 2
@@ -211,7 +216,9 @@ class LarderIterableDataset(IterableDataset):
         if order not in (1, 2):
             raise ValueError(f"this state's order form {order!r} is unknown to this client (1 or 2)")
         mid_epoch = state.get("sample", 0) > 0 or state.get("batches", 0) > 0 or state.get("base_step", 0) > 0
-        if self.order_version is not None and order != self.order_version:
+        # Unshuffled epochs and a node's part are the same order in both forms.
+        same_in_both = not self.shuffle or (self.nodes or 0) > 1
+        if self.order_version is not None and order != self.order_version and not same_in_both:
             if mid_epoch:
                 raise ValueError(
                     f"this state stands mid-epoch in an order of form {order}, and this dataset asks for form "
@@ -220,6 +227,7 @@ class LarderIterableDataset(IterableDataset):
                     f"kept), or from a state taken at an epoch's end")
             order = self.order_version
         self._order = order
+        self._order_fixed = True
         state = {**state, "order": order}
         if get_worker_info() is not None:
             self._restored = dict(state)  # this worker's own shard, as it stood
@@ -361,7 +369,7 @@ class LarderIterableDataset(IterableDataset):
                     mask = mask.to(device, non_blocking=True)
                 out = {**out, "valid": mask} if isinstance(out, dict) else (*out, mask)
             if batch.order_version != at["order"]:
-                if resuming:
+                if at["batches"] > 0 or (resuming and self._order_fixed):
                     raise LarderError(
                         f"the daemon serves orders of form {batch.order_version} only, and this epoch was begun in "
                         f"form {at['order']}: upgrade the daemon to resume it, or resume from an epoch's end")
