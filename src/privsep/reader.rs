@@ -147,14 +147,15 @@ fn open_dataset(fd: RawFd, m: &wire::Message, found: &Arc<AtomicU64>) -> Result<
     let limits: Limits = toml::from_str(&request.limits).context("the limits")?;
     let mut c = DatasetConfig::from_table(table)?;
     let mut fds = m.fds.iter();
-    let walk = match request.walk {
+    let (walk, links) = match request.walk {
         true => {
             let list = fds.next().context("no walk beside the request")?;
-            wire::paths_of(&wire::read_sealed(list, protocol::MOST_WALK_BYTES)?)
+            let walk = wire::paths_of(&wire::read_sealed(list, protocol::MOST_WALK_BYTES)?);
+            (walk, None)
         }
         false => {
             let mut said = Instant::now();
-            let walk = crate::source::walk::walk(&c.path, &mut |n| {
+            let (walk, links) = crate::source::walk::walk_noting_links(&c.path, &mut |n| {
                 found.store(n, Relaxed);
                 if said.elapsed() >= protocol::ALIVE_EVERY {
                     send(fd, Kind::Alive, 0, &protocol::alive(n), None);
@@ -163,7 +164,7 @@ fn open_dataset(fd: RawFd, m: &wire::Message, found: &Arc<AtomicU64>) -> Result<
             })?;
             let memfd = wire::sealed_memfd("larder-walk", &wire::path_list(walk.iter()))?;
             send(fd, Kind::Walked, m.id, &[], Some(&memfd));
-            walk
+            (walk, Some(links))
         }
     };
     // A dataset in an object store is read through the channel the daemon sent with the
@@ -182,7 +183,7 @@ fn open_dataset(fd: RawFd, m: &wire::Message, found: &Arc<AtomicU64>) -> Result<
         false => c.path.clone(),
     };
     let mut said = Instant::now();
-    let rules = super::sandbox::rules_for(&root, &walk, &mut || {
+    let rules = super::sandbox::rules_for(&root, &walk, links.as_deref(), &mut || {
         if said.elapsed() >= protocol::ALIVE_EVERY {
             send(
                 fd,

@@ -423,8 +423,14 @@ fn allow_beneath(ruleset: &OwnedFd, path: &Path) -> Result<()> {
 
 /// The paths a reader of a source with these `files` (and `root`) is held to: each file
 /// itself when there are few, else each folder a file is in (with what a link among the
-/// files points to), and the root.
-pub fn rules_for(root: &Path, files: &[PathBuf], alive: &mut dyn FnMut()) -> Vec<PathBuf> {
+/// files points to), and the root. `links`: which of the files are links, when the walk noted
+/// them (None: each file is looked at).
+pub fn rules_for(
+    root: &Path,
+    files: &[PathBuf],
+    links: Option<&[PathBuf]>,
+    alive: &mut dyn FnMut(),
+) -> Vec<PathBuf> {
     const EACH_FILE_UP_TO: usize = 64;
     // Objects are not files: a reader of them reads through its channel and may open none.
     if crate::objects::is_url(root) {
@@ -435,22 +441,31 @@ pub fn rules_for(root: &Path, files: &[PathBuf], alive: &mut dyn FnMut()) -> Vec
         out.extend(files.iter().cloned());
     } else {
         let mut folders = std::collections::BTreeSet::new();
+        let target_of = |f: &Path| {
+            std::fs::canonicalize(f).ok().and_then(|t| {
+                let dir = if t.is_dir() { Some(t.clone()) } else { None };
+                dir.or_else(|| t.parent().map(Path::to_path_buf))
+            })
+        };
+        let mut last: Option<&Path> = None;
         for (i, f) in files.iter().enumerate() {
             // A folder of a million files takes a few seconds: the caller says it is alive.
             if i % 4096 == 0 {
                 alive();
             }
-            if let Some(parent) = f.parent() {
+            // A folder's files come together in a sorted walk: each folder inserted once.
+            if let Some(parent) = f.parent().filter(|p| last != Some(*p)) {
                 folders.insert(parent.to_path_buf());
+                last = Some(parent);
             }
-            if std::fs::symlink_metadata(f).is_ok_and(|m| m.file_type().is_symlink()) {
-                if let Some(target) = std::fs::canonicalize(f).ok().and_then(|t| {
-                    let dir = if t.is_dir() { Some(t.clone()) } else { None };
-                    dir.or_else(|| t.parent().map(Path::to_path_buf))
-                }) {
-                    folders.insert(target);
-                }
+            if links.is_none()
+                && std::fs::symlink_metadata(f).is_ok_and(|m| m.file_type().is_symlink())
+            {
+                folders.extend(target_of(f));
             }
+        }
+        for link in links.unwrap_or_default() {
+            folders.extend(target_of(link));
         }
         out.extend(folders);
     }
@@ -550,7 +565,7 @@ mod tests {
             .map(|_| data.join("in"))
             .chain([data.join("link")])
             .collect();
-        let rules = rules_for(&data, &files, &mut || {});
+        let rules = rules_for(&data, &files, None, &mut || {});
         assert!(rules.contains(&elsewhere), "{rules:?}");
         // In the order a reader takes: its seccomp filter first, then Landlock after its walk.
         assert!(in_child(|| {

@@ -33,10 +33,18 @@ pub fn is_pattern(path: &Path) -> bool {
 /// told the entries found so far after each (so a walk of a slow file system can say it is
 /// alive between two entries).
 pub fn walk(path: &Path, progress: &mut dyn FnMut(u64)) -> Result<Vec<PathBuf>> {
+    Ok(walk_noting_links(path, progress)?.0)
+}
+
+/// `walk`, and the entries among them that are symbolic links (as their folders list them).
+pub fn walk_noting_links(
+    path: &Path,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
     if crate::objects::is_url(path) {
-        return Ok(vec![path.to_path_buf()]);
+        return Ok((vec![path.to_path_buf()], vec![]));
     }
-    let mut out = vec![];
+    let (mut out, mut links) = (vec![], vec![]);
     let path = match is_pattern(path) {
         true => path.parent().unwrap_or(Path::new(".")),
         false => path,
@@ -45,18 +53,37 @@ pub fn walk(path: &Path, progress: &mut dyn FnMut(u64)) -> Result<Vec<PathBuf>> 
     out.push(path.to_path_buf());
     if meta.is_dir() {
         let mut seen = HashSet::from([(meta.dev(), meta.ino())]);
-        beneath(path, 1, &mut seen, &mut out, progress)?;
+        let mut found = Found {
+            out: &mut out,
+            links: &mut links,
+            seen: &mut seen,
+        };
+        beneath(path, 1, &mut found, progress)?;
     }
-    out.sort();
-    out.dedup();
-    Ok(out)
+    // Sorted by their bytes (any fixed order serves; comparing paths part by part is several
+    // times slower over a million of them).
+    for list in [&mut out, &mut links] {
+        list.sort_unstable_by(|a, b| {
+            a.as_os_str()
+                .as_encoded_bytes()
+                .cmp(b.as_os_str().as_encoded_bytes())
+        });
+        list.dedup();
+    }
+    Ok((out, links))
+}
+
+/// What a walk has found so far.
+struct Found<'a> {
+    out: &'a mut Vec<PathBuf>,
+    links: &'a mut Vec<PathBuf>,
+    seen: &'a mut HashSet<(u64, u64)>,
 }
 
 fn beneath(
     dir: &Path,
     depth: usize,
-    seen: &mut HashSet<(u64, u64)>,
-    out: &mut Vec<PathBuf>,
+    found: &mut Found,
     progress: &mut dyn FnMut(u64),
 ) -> Result<()> {
     let entries =
@@ -65,27 +92,29 @@ fn beneath(
         let e = e.with_context(|| format!("reading folder {}", dir.display()))?;
         let p = e.path();
         ensure!(
-            out.len() < MAX_ENTRIES,
+            found.out.len() < MAX_ENTRIES,
             "{} holds over {MAX_ENTRIES} files and folders",
             dir.display()
         );
-        progress(out.len() as u64);
+        progress(found.out.len() as u64);
         // A file is listed as the folder says it is (no stat: a folder of a million images
         // would pay a million). Folders are looked at (each entered once), and links followed:
         // a link to a file the user may not read is refused when read (and by the access
         // check), not hidden.
-        let regular = e.file_type().is_ok_and(|t| t.is_file());
-        out.push(p);
-        if regular {
+        let kind = e.file_type().ok();
+        if kind.is_some_and(|t| t.is_file()) {
+            found.out.push(p);
             continue;
         }
-        let p = out.last().expect("just pushed");
-        let Ok(meta) = std::fs::metadata(p) else {
+        if kind.is_some_and(|t| t.is_symlink()) {
+            found.links.push(p.clone());
+        }
+        found.out.push(p.clone());
+        let Ok(meta) = std::fs::metadata(&p) else {
             continue;
         };
-        if meta.is_dir() && depth < MAX_DEPTH && seen.insert((meta.dev(), meta.ino())) {
-            let p = p.clone();
-            beneath(&p, depth + 1, seen, out, progress)?;
+        if meta.is_dir() && depth < MAX_DEPTH && found.seen.insert((meta.dev(), meta.ino())) {
+            beneath(&p, depth + 1, found, progress)?;
         }
     }
     Ok(())
