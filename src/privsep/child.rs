@@ -58,7 +58,7 @@ fn check(m: &wire::Message) -> Result<String> {
     let list = m.fd().context("no file list")?;
     let list =
         wire::read_sealed(list, 1 << 34).context("the check could not read its file list")?;
-    match crate::access::first_unreadable_text(&wire::paths_of(&list)) {
+    match crate::access::first_unreadable_text(&wire::paths_of(&list)?) {
         None => Ok(String::new()),
         Some(why) => bail!("{why}"),
     }

@@ -150,7 +150,8 @@ fn open_dataset(fd: RawFd, m: &wire::Message, found: &Arc<AtomicU64>) -> Result<
     let (walk, links) = match request.walk {
         true => {
             let list = fds.next().context("no walk beside the request")?;
-            let walk = wire::paths_of(&wire::read_sealed(list, protocol::MOST_WALK_BYTES)?);
+            let walk = wire::paths_of(&wire::read_sealed(list, protocol::MOST_WALK_BYTES)?)
+                .context("the walk beside the request")?;
             (walk, None)
         }
         false => {

@@ -476,29 +476,117 @@ pub fn read_sealed(fd: &OwnedFd, max: u64) -> Result<Vec<u8>> {
     Ok(map_sealed(fd, max)?.map_or_else(Vec::new, |map| map.to_vec()))
 }
 
-/// Paths as one byte string, each ended by a NUL (a list that travels in a memfd).
+/// A list of paths, front-coded: each the length of the part it shares with the one before
+/// (LEB128), then the rest of its bytes, then a NUL. A walk's paths come sorted, so each costs
+/// about its name: a folder of a million files takes a third of the bytes of the paths
+/// written out, and what the daemon keeps of a reader's walk is this.
 pub fn path_list<'a>(paths: impl IntoIterator<Item = &'a std::path::PathBuf>) -> Vec<u8> {
     use std::os::unix::ffi::OsStrExt;
     let mut list = Vec::new();
+    let mut before: &[u8] = &[];
     for p in paths {
-        list.extend_from_slice(p.as_os_str().as_bytes());
+        let p = p.as_os_str().as_bytes();
+        let shared = before.iter().zip(p).take_while(|(a, b)| a == b).count();
+        let mut n = shared as u64;
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            list.push(if n == 0 { byte } else { byte | 0x80 });
+            if n == 0 {
+                break;
+            }
+        }
+        list.extend_from_slice(&p[shared..]);
         list.push(0);
+        before = p;
     }
     list
 }
 
-/// The paths of a `path_list` (empty ones left out).
-pub fn paths_of(list: &[u8]) -> Vec<std::path::PathBuf> {
+/// The paths of a `path_list` (empty ones left out). A list that does not parse, or whose
+/// paths would take more than 128 times its own bytes (a forged list's prefixes, repeated), is
+/// refused.
+pub fn paths_of(list: &[u8]) -> std::io::Result<Vec<std::path::PathBuf>> {
     use std::os::unix::ffi::OsStrExt;
-    list.split(|&b| b == 0)
-        .filter(|p| !p.is_empty())
-        .map(|p| std::path::PathBuf::from(std::ffi::OsStr::from_bytes(p)))
-        .collect()
+    let bad = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_string());
+    let most = list.len().saturating_mul(128).saturating_add(1 << 20);
+    let (mut out, mut before, mut total, mut at) = (vec![], Vec::<u8>::new(), 0usize, 0usize);
+    while at < list.len() {
+        let (mut shared, mut shift) = (0usize, 0u32);
+        loop {
+            let &byte = list.get(at).ok_or_else(|| bad("a path list cut short"))?;
+            at += 1;
+            if shift > 56 {
+                return Err(bad("a path list's length does not parse"));
+            }
+            shared |= ((byte & 0x7f) as usize) << shift;
+            shift += 7;
+            if byte & 0x80 == 0 {
+                break;
+            }
+        }
+        let end = list[at..]
+            .iter()
+            .position(|&b| b == 0)
+            .ok_or_else(|| bad("a path list cut short"))?;
+        if shared > before.len() {
+            return Err(bad("a path list shares more than the path before it"));
+        }
+        before.truncate(shared);
+        before.extend_from_slice(&list[at..at + end]);
+        at += end + 1;
+        total += before.len();
+        if total > most {
+            return Err(bad("a path list's paths take too many bytes"));
+        }
+        if !before.is_empty() {
+            out.push(std::path::PathBuf::from(std::ffi::OsStr::from_bytes(
+                &before,
+            )));
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn path_lists_front_code_and_refuse_forgeries() {
+        use std::path::PathBuf;
+        let paths: Vec<PathBuf> = [
+            "/data/a",
+            "/data/a/n01/x_1.JPEG",
+            "/data/a/n01/x_2.JPEG",
+            "/data/b",
+            "/other",
+            "/other",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        let list = path_list(paths.iter());
+        assert_eq!(paths_of(&list).unwrap(), paths);
+        let long: Vec<PathBuf> = (0..1000)
+            .map(|i| PathBuf::from(format!("/mnt/datasets/imagenet/train/n0144/n0144_{i}.JPEG")))
+            .collect();
+        let coded = path_list(long.iter());
+        let plain: usize = long.iter().map(|p| p.as_os_str().len() + 1).sum();
+        assert!(coded.len() * 2 < plain, "{} of {plain} bytes", coded.len());
+        assert_eq!(paths_of(&coded).unwrap(), long);
+        // Sharing more than the path before, cut short, or repeated prefixes past the bound.
+        assert!(paths_of(b"\x05abc\0").is_err());
+        assert!(paths_of(b"\x00abc").is_err());
+        assert!(paths_of(b"\x80").is_err());
+        let mut bomb = vec![0u8];
+        bomb.extend(std::iter::repeat_n(b'x', 4096));
+        bomb.push(0);
+        for _ in 0..100_000 {
+            bomb.extend_from_slice(&[0x80, 0x20, 0]);
+        }
+        assert!(paths_of(&bomb).is_err());
+    }
 
     #[test]
     fn messages_and_descriptors_cross_whole() {
