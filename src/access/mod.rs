@@ -13,9 +13,10 @@
 //! them only what they may read. The tiers hold one copy of each sample for everyone: the
 //! check is what keeps a cached sample from reaching a user who could not read its file.
 //!
-//! **Proofs.** A check passed is a proof for (user and groups, dataset), good for at most [`PROOF_TTL`]:
-//! a stream checks afresh when it opens (each epoch) and again whenever its proof is older, so
-//! a chmod that takes a user's right away ends their streams within that bound.
+//! **Proofs.** A check passed is a proof for (user and groups, dataset), good for at most [`PROOF_TTL`]
+//! and while the dataset's root keeps its status-change time: a stream reuses it when it opens
+//! and checks again whenever its proof is older, so a chmod that takes a user's right away ends
+//! their streams and refuses their next within that bound (at once when it is the root's).
 //!
 //! **Switching identity.** Like Samba and the NFS servers: on a thread of its own, with raw
 //! system calls that change only the calling thread (glibc's `setgroups` changes every thread
@@ -172,9 +173,10 @@ impl Caller {
 }
 
 /// Access checks passed lately, by (user, groups, dataset id), with the status-change time of the
-/// dataset's file or folder then: ListDatasets reuses one younger than [`PROOF_TTL`] whose
-/// time has not moved (a chmod or chown moves it) rather than check every dataset's files at
-/// every call. Streams, plans and warms always check afresh.
+/// dataset's file or folder then: listings, streams, plans and warms reuse one younger than
+/// [`PROOF_TTL`] whose time has not moved (a chmod or chown of the root moves it) rather than
+/// check every file again (a million-file folder, each rank and worker of a job at each epoch's
+/// start). A chmod of a file inside a folder takes effect within `PROOF_TTL`.
 #[derive(Default)]
 pub struct Proofs(Mutex<HashMap<ProofKey, Proof>>);
 

@@ -588,6 +588,30 @@ mod tests {
         assert!(paths_of(&bomb).is_err());
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1024))]
+        /// Any list's bytes changed: the paths it gave, within the bound, or an error; and any
+        /// paths come back as they went.
+        #[test]
+        fn path_lists_round_trip_and_altered_ones_stay_bounded(
+            names in proptest::collection::vec("[a-z/]{1,30}", 1..40),
+            edits in proptest::collection::vec((0usize..2000, proptest::prelude::any::<u8>()), 0..6),
+        ) {
+            let mut paths: Vec<std::path::PathBuf> = names.iter().map(|n| format!("/d/{n}").into()).collect();
+            paths.sort();
+            let mut list = path_list(paths.iter());
+            proptest::prop_assert_eq!(paths_of(&list).unwrap(), paths.clone());
+            for (at, v) in edits {
+                let at = at % list.len();
+                list[at] = v;
+            }
+            if let Ok(back) = paths_of(&list) {
+                let bytes: usize = back.iter().map(|p| p.as_os_str().len()).sum();
+                proptest::prop_assert!(bytes <= list.len() * 128 + (1 << 20));
+            }
+        }
+    }
+
     #[test]
     fn messages_and_descriptors_cross_whole() {
         let (a, b) = pair().unwrap();

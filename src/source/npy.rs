@@ -754,4 +754,28 @@ mod tests {
         let e = format!("{:#}", NpySource::open(dir.path(), &[]).err().unwrap());
         assert!(e.contains("y.npy") && e.contains("cut short"), "{e}");
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
+        /// Any header bytes changed, cut or grown: a header whose rows and data offset are
+        /// what it says, or an error; never a panic.
+        #[test]
+        fn altered_headers_parse_or_fail(
+            edits in proptest::collection::vec((0usize..200, proptest::prelude::any::<u8>()), 0..8),
+            cut in 0usize..200,
+            descr in proptest::sample::select(vec!["<u1", "<f4", "|b1", ">i8", "<f2", "<c8"]),
+            shape in proptest::collection::vec(0u64..1000, 1..4),
+        ) {
+            let mut b = npy(descr, &shape, &[]);
+            for (at, v) in edits {
+                let at = at % b.len();
+                b[at] = v;
+            }
+            b.truncate(cut.max(1).min(b.len()));
+            if let Ok(h) = Header::parse(&b) {
+                proptest::prop_assert!(h.data_offset as usize <= b.len().max(64 * 1024 + 12));
+                proptest::prop_assert!(!h.shape.is_empty());
+            }
+        }
+    }
 }

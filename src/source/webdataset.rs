@@ -849,4 +849,41 @@ mod tests {
         );
         assert!(expand_braces("x{3..1}").is_err());
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+        /// A shard's bytes changed anywhere: members that lie within the file, in order, or an
+        /// error; never a panic or a member past the end.
+        #[test]
+        fn altered_shards_list_members_within_the_file(
+            edits in proptest::collection::vec((0usize..4096, proptest::prelude::any::<u8>()), 1..8),
+            cut in 512usize..4096,
+        ) {
+            let mut tar = vec![];
+            for (i, (name, body)) in [("s0.jpg", 700usize), ("s0.cls", 1), ("s1.jpg", 300), ("s1.cls", 2)]
+                .into_iter()
+                .enumerate()
+            {
+                tar.extend_from_slice(&header(name, body as u64));
+                tar.extend(std::iter::repeat_n(b'a' + i as u8, body.div_ceil(512) * 512));
+            }
+            tar.extend_from_slice(&[0u8; 1024]);
+            for (at, v) in edits {
+                let at = at % tar.len();
+                tar[at] = v;
+            }
+            tar.truncate(cut.min(tar.len()));
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("s.tar");
+            std::fs::write(&path, &tar).unwrap();
+            if let Ok((members, _)) = members(&Blob::open(&path).unwrap(), tar.len() as u64) {
+                let mut end = 0;
+                for m in &members {
+                    proptest::prop_assert!(m.at >= end && m.at.checked_add(m.size).is_some_and(|e| e <= tar.len() as u64),
+                        "{} at {} of {} bytes in a file of {}", m.name, m.at, m.size, tar.len());
+                    end = m.at + m.size;
+                }
+            }
+        }
+    }
 }
