@@ -193,7 +193,7 @@ fn each_user_reads_through_larder_only_what_they_could_read_themselves() {
     let arrays = root.join("arrays");
     std::fs::create_dir(&arrays).unwrap();
     let mut header = "{'descr': '|u1', 'fortran_order': False, 'shape': (40, 4), }".to_string();
-    while (10 + header.len() + 1) % 64 != 0 {
+    while !(10 + header.len() + 1).is_multiple_of(64) {
         header.push(' ');
     }
     header.push('\n');
