@@ -172,8 +172,15 @@ impl Datasets {
         let opened = tokio::spawn(async move { crate::catalog::open_dataset(&j, &with).await })
             .await
             .unwrap_or_else(|e| Err(anyhow::anyhow!("opening it failed ({e}; see the log)")));
+        // The store serves it (its scratch tier attached) before any request can find it.
+        if let Ok(ds) = &opened {
+            self.store.add(ds);
+            log_capacity_plan(ds, self.plan);
+        }
         let changes = self.catalog.publish(job, opened);
-        self.apply(changes);
+        for id in changes.dropped {
+            self.store.forget(id);
+        }
     }
 
     /// The store serves the datasets opened and lets go of those dropped.
