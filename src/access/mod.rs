@@ -195,14 +195,24 @@ impl Proofs {
     /// Whether `who` passed the check for dataset `id`, whose root is `root`, less than
     /// PROOF_TTL ago and with the root's ctime as it is now.
     pub fn fresh(&self, who: &Caller, id: u32, root: Option<&Path>) -> bool {
+        self.made(who, id, root).is_some()
+    }
+
+    /// When the check `fresh` reuses was made. A root the daemon cannot look at (no ctime to
+    /// compare) has no proof reused: a chmod of it could not be seen.
+    pub fn made(&self, who: &Caller, id: u32, root: Option<&Path>) -> Option<Instant> {
         let Caller::Local(who) = who else {
-            return false;
+            return None;
         };
-        let now = root.and_then(ctime_of);
+        let now = match root {
+            Some(r) => Some(ctime_of(r)?),
+            None => None,
+        };
         let proofs = self.0.locked();
         proofs
             .get(&proof_key(who, id))
-            .is_some_and(|(at, ctime)| at.elapsed() < PROOF_TTL && *ctime == now)
+            .filter(|(at, ctime)| at.elapsed() < PROOF_TTL && *ctime == now)
+            .map(|(at, _)| *at)
     }
 
     /// Notes that `who` passed the check for dataset `id`, whose root is `root` (None: a root
@@ -344,11 +354,9 @@ impl Files {
                 let mut bytes = vec![0u8; len as usize];
                 file.read_exact_at(&mut bytes, 0)
                     .map_err(|e| format!("reading a dataset's file list: {e}"))?;
-                Ok(bytes
-                    .split(|&b| b == 0)
-                    .filter(|p| !p.is_empty())
-                    .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p)))
-                    .collect())
+                crate::privsep::wire::paths_of(&bytes)
+                    .map(Into::into)
+                    .map_err(|e| format!("reading a dataset's file list: {e}"))
             }
         }
     }
@@ -416,6 +424,11 @@ fn unreadable(path: &Path, e: &io::Error) -> String {
 /// all): what a check run as the user in a process of its own answers.
 pub fn first_unreadable_text(files: &[PathBuf]) -> Option<String> {
     first_unreadable(files).map(|(p, e)| unreadable(&p, &e))
+}
+
+/// Why this thread may not read `path`, if it may not (`first_unreadable_text` for one file).
+pub fn unreadable_text(path: &Path) -> Option<String> {
+    may_read(path).err().map(|e| unreadable(path, &e))
 }
 
 /// The first of `files` this thread may not read, with why.

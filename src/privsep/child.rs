@@ -58,7 +58,9 @@ fn check(m: &wire::Message) -> Result<String> {
     let list = m.fd().context("no file list")?;
     let list =
         wire::read_sealed(list, 1 << 34).context("the check could not read its file list")?;
-    match crate::access::first_unreadable_text(&wire::paths_of(&list)?) {
+    // Checked as the list is read, one path held at a time: a list of any size costs this
+    // process (another user's) its own bytes only.
+    match wire::each_path(&list, usize::MAX, &mut crate::access::unreadable_text)? {
         None => Ok(String::new()),
         Some(why) => bail!("{why}"),
     }

@@ -464,7 +464,10 @@ pub fn rules_for(
                 folders.extend(target_of(f));
             }
         }
-        for link in links.unwrap_or_default() {
+        for (i, link) in links.unwrap_or_default().iter().enumerate() {
+            if i % 4096 == 0 {
+                alive();
+            }
             folders.extend(target_of(link));
         }
         out.extend(folders);

@@ -507,10 +507,26 @@ pub fn path_list<'a>(paths: impl IntoIterator<Item = &'a std::path::PathBuf>) ->
 /// paths would take more than 128 times its own bytes (a forged list's prefixes, repeated), is
 /// refused.
 pub fn paths_of(list: &[u8]) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let most = list.len().saturating_mul(128).saturating_add(1 << 20);
+    let mut out = vec![];
+    each_path(list, most, &mut |p| {
+        out.push(p.to_path_buf());
+        None::<()>
+    })?;
+    Ok(out)
+}
+
+/// Each path of a `path_list` in turn, holding only the one before (what a check of every
+/// file needs, whatever the list's size), until `f` returns something, which is returned;
+/// refused past `most` bytes of paths in all.
+pub fn each_path<T>(
+    list: &[u8],
+    most: usize,
+    f: &mut dyn FnMut(&std::path::Path) -> Option<T>,
+) -> std::io::Result<Option<T>> {
     use std::os::unix::ffi::OsStrExt;
     let bad = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_string());
-    let most = list.len().saturating_mul(128).saturating_add(1 << 20);
-    let (mut out, mut before, mut total, mut at) = (vec![], Vec::<u8>::new(), 0usize, 0usize);
+    let (mut before, mut total, mut at) = (Vec::<u8>::new(), 0usize, 0usize);
     while at < list.len() {
         let (mut shared, mut shift) = (0usize, 0u32);
         loop {
@@ -540,12 +556,12 @@ pub fn paths_of(list: &[u8]) -> std::io::Result<Vec<std::path::PathBuf>> {
             return Err(bad("a path list's paths take too many bytes"));
         }
         if !before.is_empty() {
-            out.push(std::path::PathBuf::from(std::ffi::OsStr::from_bytes(
-                &before,
-            )));
+            if let Some(found) = f(std::path::Path::new(std::ffi::OsStr::from_bytes(&before))) {
+                return Ok(Some(found));
+            }
         }
     }
-    Ok(out)
+    Ok(None)
 }
 
 #[cfg(test)]

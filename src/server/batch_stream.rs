@@ -135,6 +135,8 @@ pub struct Producer {
     /// `access::PROOF_TTL`, against the dataset's grants as the catalog has them now (a reload
     /// may have taken one away), and a stream whose caller lost it ends with PERMISSION_DENIED.
     pub who: Caller,
+    /// When the check the stream opened on was made (perhaps by an earlier stream).
+    pub checked: Instant,
     pub catalog: Arc<crate::catalog::Catalog>,
     /// Tells the memory tier's policy which batch the stream reads.
     pub cursor: crate::open_streams::Cursor,
@@ -156,11 +158,11 @@ impl Producer {
             prefetch,
             mut shutdown,
             who,
+            mut checked,
             catalog,
             cursor,
             _costs,
         } = self;
-        let mut checked = Instant::now();
         // The ring is this stream's until it ends (a previous stream on it must stop first).
         let _lease = match &ring {
             Some(r) => Some(r.begin_stream(&held_slots, plan.start_batch).await),

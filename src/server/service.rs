@@ -312,13 +312,25 @@ impl Service {
     /// whose root has not changed (a job's ranks and workers starting an epoch together check
     /// once), else checked now, as them.
     async fn admitted(&self, name: &str, who: &Caller) -> Result<Arc<Dataset>, Status> {
+        Ok(self.admitted_since(name, who).await?.0)
+    }
+
+    /// `admitted`, and when the check it rests on was made (a stream checks again a
+    /// `PROOF_TTL` after it, not after its own start).
+    async fn admitted_since(
+        &self,
+        name: &str,
+        who: &Caller,
+    ) -> Result<(Arc<Dataset>, std::time::Instant), Status> {
         let ds = self.dataset(name, who).await?;
         let root = stamped_root(&ds);
-        if !self.proofs.fresh(who, ds.id, root) {
-            admit(&ds, who).await?;
-            self.proofs.record(who, ds.id, root);
+        if let Some(at) = self.proofs.made(who, ds.id, root) {
+            return Ok((ds, at));
         }
-        Ok(ds)
+        let at = std::time::Instant::now();
+        admit(&ds, who).await?;
+        self.proofs.record(who, ds.id, root);
+        Ok((ds, at))
     }
 
     /// The dataset served as `name`. Why one did not open (paths, sizes, file names) is said
@@ -840,7 +852,7 @@ impl Larder for Service {
         let who = Caller::of(&request);
         let peer = who.peer();
         let req = request.into_inner();
-        let ds = self.admitted(&req.dataset, &who).await?;
+        let (ds, checked) = self.admitted_since(&req.dataset, &who).await?;
         let (ds, plan, sel, costs) = self.plan(ds, &req, &who, true).await?;
         let ring = self.ring(&req, &sel, peer)?;
         tracing::info!(
@@ -878,6 +890,7 @@ impl Larder for Service {
             prefetch: self.prefetch_batches,
             shutdown: self.shutdown.clone(),
             who,
+            checked,
             catalog: self.catalog.clone(),
             cursor: handle.cursor(),
             _costs: costs,

@@ -490,3 +490,17 @@ fn a_loads_ranges_are_sorted_apart_and_each_sample_found_in_the_answers_order() 
         assert!(Asked::new(bad, 30).is_err(), "{bad:?}");
     }
 }
+
+/// A walk kept as it came reads back whole, each path of the front-coded list.
+#[test]
+fn a_sealed_walk_lists_every_path_it_holds() {
+    let walked = [
+        PathBuf::from("/data"),
+        PathBuf::from("/data/a/x_1.jpg"),
+        PathBuf::from("/data/a/x_2.jpg"),
+        PathBuf::from("/data/b"),
+    ];
+    let fd = wire::sealed_memfd("w", &wire::path_list(walked.iter())).unwrap();
+    let files = crate::access::Files::Sealed(Arc::new(fd));
+    assert_eq!(&files.to_list().unwrap()[..], &walked[..]);
+}
