@@ -50,6 +50,7 @@ fn policy(c: &mut Criterion) {
             shuffle: true,
             split: None,
             form: larder::sampler::OrderForm::V1,
+            correlated: None,
         };
         let perms: Vec<Vec<u64>> = (0..orders).map(|o| epoch_order(N, o, 0, true)).collect();
         // Streams start spread over the epoch, as jobs begun at different times are.

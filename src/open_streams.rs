@@ -181,6 +181,7 @@ impl Streams {
             form: plan
                 .order_form
                 .effective(plan.split.as_ref(), state.spec.shuffle),
+            correlated: plan.correlated,
         };
         self.memory.stream_opened(id, order, plan.start_position());
         let mut open = self.lock();

@@ -1,6 +1,7 @@
 //! Which samples a stream serves, in which order: a seeded permutation of the epoch,
 //! sharded across DDP ranks, cut into batches, resumable from any batch.
 
+use crate::permutation::Permutation;
 use anyhow::{bail, Result};
 
 /// SplitMix64: a small, well-mixed generator; the order must depend on nothing but the seed.
@@ -310,6 +311,72 @@ pub fn epoch_key(seed: u64, epoch: u64) -> u64 {
     seed ^ epoch.wrapping_mul(0xD1B5_4A32_D192_ED03)
 }
 
+/// Correlated orders (opt-in, form 2): the jobs of a cohort read one base permutation (by
+/// `cohort_seed`), each reshuffled inside windows of `window` positions by the job's own seed.
+/// Each job's order is as uniform as the base and a pure function of (cohort seed, seed,
+/// epoch); jobs of a cohort read the same samples in each window, so one read serves them all
+/// within it. Not independent of the other jobs' orders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Correlated {
+    pub cohort_seed: u64,
+    pub window: u64,
+}
+
+/// An epoch's computed order (form 2, no node split): the seeded permutation, or a cohort's
+/// base permutation reshuffled within windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EpochOrder {
+    base: Permutation,
+    /// (the job's key, the window) for correlated orders.
+    windows: Option<(u64, u64)>,
+}
+
+impl EpochOrder {
+    pub fn new(n: u64, seed: u64, epoch: u64, correlated: Option<Correlated>) -> EpochOrder {
+        match correlated {
+            None => EpochOrder {
+                base: Permutation::new(n, epoch_key(seed, epoch)),
+                windows: None,
+            },
+            Some(c) => EpochOrder {
+                base: Permutation::new(n, epoch_key(c.cohort_seed, epoch)),
+                windows: Some((epoch_key(seed, epoch), c.window.max(1))),
+            },
+        }
+    }
+
+    /// Window `w`'s own permutation (of its positions, the last window shorter).
+    fn window(&self, key: u64, size: u64, w: u64) -> (u64, Permutation) {
+        let start = w * size;
+        let len = size.min(self.base.len() - start);
+        let mixed = key ^ (w + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (start, Permutation::new(len, mixed))
+    }
+
+    /// The sample at position `p` (p < n).
+    pub fn at(&self, p: u64) -> u64 {
+        match self.windows {
+            None => self.base.at(p),
+            Some((key, size)) => {
+                let (start, perm) = self.window(key, size, p / size);
+                self.base.at(start + perm.at(p - start))
+            }
+        }
+    }
+
+    /// Where sample `s` comes (s < n): `at`'s inverse.
+    pub fn position(&self, s: u64) -> u64 {
+        let q = self.base.position(s);
+        match self.windows {
+            None => q,
+            Some((key, size)) => {
+                let (start, perm) = self.window(key, size, q / size);
+                start + perm.position(q - start)
+            }
+        }
+    }
+}
+
 /// What one stream serves: one shard's batches of one epoch.
 ///
 /// The sharding rule, the one place it is written (clients ask, never re-derive it): from
@@ -356,6 +423,7 @@ pub struct Plan {
     pub dataset_samples: u64,
     pub split: Option<NodeSplit>,
     pub order_form: OrderForm,
+    pub correlated: Option<Correlated>,
 }
 
 /// Where a plan's samples come from.
@@ -364,7 +432,7 @@ enum Positions {
     /// Not shuffled: position p is sample p.
     Identity,
     /// The epoch's order, computed.
-    Computed(crate::permutation::Permutation),
+    Computed(EpochOrder),
     /// This shard's samples, batch after batch (full batches of `batch` samples, then the last).
     Listed(Vec<u64>),
 }
@@ -395,6 +463,8 @@ pub struct PlanRequest {
     /// the whole epoch's order.
     pub split: Option<NodeSplit>,
     pub order: OrderForm,
+    /// Correlated orders (form 2 only): the cohort's base order, reshuffled within windows.
+    pub correlated: Option<Correlated>,
 }
 
 impl Plan {
@@ -445,6 +515,14 @@ impl Plan {
                 req.worker
             );
         }
+        if let Some(c) = req.correlated {
+            if !req.order.computed(req.split.as_ref(), req.shuffle) {
+                bail!("correlated orders (window {}) are of order form 2, shuffled, on one node: ask for order_version 2 without nodes", c.window);
+            }
+            if c.window == 0 {
+                bail!("a correlated order's window must be at least 1 sample");
+            }
+        }
         // The order the ranks share out: the epoch's, or the node's part of it (the samples
         // it holds, `real`, padded to the longest node's part, `n`); the ranks of the node.
         let (order, pad, real, n, world, rank) = match &req.split {
@@ -453,10 +531,7 @@ impl Plan {
                 let order = if !req.shuffle {
                     Positions::Identity
                 } else if req.order == OrderForm::V2 {
-                    Positions::Computed(crate::permutation::Permutation::new(
-                        n,
-                        epoch_key(req.seed, req.epoch),
-                    ))
+                    Positions::Computed(EpochOrder::new(n, req.seed, req.epoch, req.correlated))
                 } else {
                     Positions::Listed(epoch_order(n, req.seed, req.epoch, true))
                 };
@@ -568,6 +643,7 @@ impl Plan {
             dataset_samples: req.num_samples,
             split: req.split,
             order_form: req.order,
+            correlated: req.correlated,
         };
         plan.order = match order {
             Positions::Listed(listed) => {
@@ -657,6 +733,7 @@ impl Plan {
             even_batches: false,
             split: None,
             order: OrderForm::V2,
+            correlated: None,
         })
         .expect("a valid plan")
     }
@@ -716,6 +793,7 @@ mod tests {
             even_batches: false,
             split: None,
             order: OrderForm::V1,
+            correlated: None,
         }
     }
 
@@ -790,6 +868,7 @@ mod sharding_tests {
             even_batches: true,
             split: None,
             order: OrderForm::V1,
+            correlated: None,
         }
     }
 
@@ -873,13 +952,94 @@ mod sharding_tests {
         assert!(tried > 300, "{tried} plans compared");
     }
 
+    /// Correlated orders: each job's a permutation with its inverse; the cohort's jobs read the
+    /// same samples in every window (the base's), in orders that differ at nearly every
+    /// position; a plan serves the order's positions as an unshuffled plan of the same shape
+    /// serves its own.
+    #[test]
+    fn correlated_orders_share_each_window_and_shard_as_plans_do() {
+        let (n, window) = (10_000u64, 200u64);
+        let c = Correlated {
+            cohort_seed: 7,
+            window,
+        };
+        let jobs: Vec<EpochOrder> = [1, 2]
+            .iter()
+            .map(|&s| EpochOrder::new(n, s, 3, Some(c)))
+            .collect();
+        let base = EpochOrder::new(n, 7, 3, None);
+        for order in &jobs {
+            let mut seen = vec![false; n as usize];
+            for p in 0..n {
+                let s = order.at(p);
+                assert!(!seen[s as usize], "{s} twice");
+                seen[s as usize] = true;
+                assert_eq!(order.position(s), p);
+                // In the window the base has it in.
+                assert_eq!(base.position(s) / window, p / window);
+            }
+        }
+        let differ = (0..n).filter(|&p| jobs[0].at(p) != jobs[1].at(p)).count();
+        assert!(
+            differ as f64 >= 0.95 * n as f64,
+            "{differ} of {n} positions differ"
+        );
+        // Plans: positions of an unshuffled plan of the same shape, read through the order.
+        for (ws, nw, bs, start_sample) in [(2, 2, 8, 0), (3, 1, 5, 40), (1, 3, 64, 999)] {
+            for rank in 0..ws {
+                for worker in 0..nw {
+                    let shape = PlanRequest {
+                        start_sample,
+                        order: OrderForm::V2,
+                        ..plan(n, bs, rank, ws, worker, nw)
+                    };
+                    let plain = Plan::new(PlanRequest {
+                        shuffle: false,
+                        ..shape
+                    })
+                    .unwrap();
+                    let p = Plan::new(PlanRequest {
+                        seed: 1,
+                        epoch: 3,
+                        correlated: Some(c),
+                        ..shape
+                    })
+                    .unwrap();
+                    assert_eq!(p.num_batches, plain.num_batches);
+                    for b in 0..p.num_batches {
+                        let through: Vec<u64> =
+                            plain.batch(b).iter().map(|&q| jobs[0].at(q)).collect();
+                        assert_eq!(p.batch(b).to_vec(), through);
+                    }
+                }
+            }
+        }
+        // Refused where it is not computed, or without a window.
+        for bad in [
+            PlanRequest {
+                correlated: Some(c),
+                ..plan(100, 8, 0, 1, 0, 1)
+            },
+            PlanRequest {
+                correlated: Some(Correlated {
+                    cohort_seed: 7,
+                    window: 0,
+                }),
+                order: OrderForm::V2,
+                ..plan(100, 8, 0, 1, 0, 1)
+            },
+        ] {
+            assert!(Plan::new(bad).is_err());
+        }
+    }
+
     #[test]
     fn computed_plans_hold_a_few_bytes_at_any_size() {
         let req = PlanRequest {
             order: OrderForm::V2,
             ..plan(10_000_000_000, 1, 0, 1, 0, 1)
         };
-        assert!(Plan::bytes_for(&req) < 256 && Plan::building_bytes(&req) == 0);
+        assert!(Plan::bytes_for(&req) < 512 && Plan::building_bytes(&req) == 0);
         let p = Plan::new(req).unwrap();
         assert_eq!(p.num_batches, 10_000_000_000);
         let mut seen: Vec<u64> = (0..1000).flat_map(|b| p.batch(b).to_vec()).collect();

@@ -227,7 +227,7 @@ class Client:
         num_workers=1, shuffle=True, drop_last=False, even_batches=True, start_sample=0,
         start_step=0, start_batch=0, fields=None, variable_layout="padded", pipeline="eval",
         nodes=0, node=0, partitions=0, swap=0.0, resumed_nodes=0, resumed_sample=0,
-        order_version=2, augment_seed=None.
+        order_version=2, augment_seed=None, cohort_seed=None, window=0.
 
         The daemon holds the sharding rule: the epoch's order, from `start_sample` on, is cut
         into batches taken in rounds, one per rank, round t being every rank's step t; a rank's
@@ -245,7 +245,11 @@ class Client:
         its batch (see `bad_samples`), so a batch may hold fewer than `batch_size`.
         `augment_seed` draws the crops and flips from (augment_seed, epoch, sample id) instead:
         jobs of a grid search on one order `seed` share each read and decode and still get
-        their own augmentation.
+        their own augmentation. `cohort_seed` and `window` (opt-in, one node): jobs of a grid
+        search with different seeds read one base order (by `cohort_seed`), each reshuffled
+        inside windows of `window` samples by its own `seed`: every sample once an epoch for
+        each job, resumable, as uniform as the base, and the jobs read the same samples in each
+        window, so one read and decode serves them all. Their orders are not independent.
 
         `nodes`, `node`: a job over several nodes, each with its own larderd (the client of
         each rank connects to its node's daemon): node `node` (torchrun's GROUP_RANK, Slurm's

@@ -35,6 +35,8 @@ def stream_request(
     resumed_sample: int = 0,
     order_version: int = 2,
     augment_seed: Optional[int] = None,
+    cohort_seed: Optional[int] = None,
+    window: int = 0,
 ) -> "pb.StreamBatchesRequest":
     """The StreamBatches request for `Client.stream`'s arguments, checked here so that bad ones fail
     before any call (LarderIterableDataset checks them as it is made)."""
@@ -51,7 +53,13 @@ def stream_request(
         raise ValueError(f"order_version must be 1 or 2, not {order_version!r}")
     if not 0.0 <= swap <= 1.0:
         raise ValueError(f"swap must be a share from 0 to 1, not {swap}")
+    if (cohort_seed is None) != (window == 0):
+        raise ValueError("a correlated order names both its window (samples, at least 1) and its cohort_seed")
+    if window and order_version != 2:
+        raise ValueError("correlated orders are of order form 2: leave order_version at 2")
     extra = {} if augment_seed is None else {"augment_seed": augment_seed}
+    if cohort_seed is not None:
+        extra.update(cohort_seed=cohort_seed, window=window)
     return pb.StreamBatchesRequest(
         dataset=dataset,
         batch_size=batch_size,

@@ -86,3 +86,27 @@ def test_a_checkpoint_resumes_in_its_own_form_and_never_across_forms(daemon):
     resumed = LarderIterableDataset("train", 8, address=daemon.unix, seed=9)
     resumed.load_state_dict(state)
     assert sorted(seen + ids_of(DataLoader(resumed, batch_size=None))) == list(range(300))
+
+
+def test_correlated_orders_share_each_window_and_serve_each_job_every_sample_once(daemon):
+    """Two jobs of one cohort with their own seeds: each every sample once, resumable; the
+    same samples in every window of 60; different orders at nearly every position."""
+    with Client(daemon.unix) as c:
+        jobs = [epoch(c, seed=s, cohort_seed=11, window=60) for s in (1, 2)]
+        for order in jobs:
+            assert sorted(order) == list(range(300))
+        for w in range(5):
+            assert sorted(jobs[0][60 * w:60 * w + 60]) == sorted(jobs[1][60 * w:60 * w + 60])
+        assert sum(a != b for a, b in zip(*jobs)) >= 0.95 * 300
+        assert epoch(c, seed=1, cohort_seed=11, window=60) == jobs[0], "a pure function of its seeds"
+        # Resumed on three ranks after 10 batches of 8: exactly the rest.
+        rest = []
+        for rank in range(3):
+            rest += epoch(c, seed=1, cohort_seed=11, window=60, world_size=3, rank=rank, start_sample=80,
+                          even_batches=False)
+        assert sorted(jobs[0][:80] + rest) == list(range(300))
+        with pytest.raises(ValueError, match="both its window"):
+            epoch(c, seed=1, window=60)
+        with pytest.raises(Exception, match="order form 2"):
+            list(c._stub.StreamBatches(pb.StreamBatchesRequest(
+                dataset="train", batch_size=8, layout_version=1, order_version=1, cohort_seed=1, window=60)))

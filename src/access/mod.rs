@@ -29,6 +29,7 @@
 use crate::sync::Locked;
 pub mod connection;
 pub mod local_authority;
+pub mod path_list;
 mod switch;
 
 /// The daemon's effective user id.
@@ -354,7 +355,7 @@ impl Files {
                 let mut bytes = vec![0u8; len as usize];
                 file.read_exact_at(&mut bytes, 0)
                     .map_err(|e| format!("reading a dataset's file list: {e}"))?;
-                crate::privsep::wire::paths_of(&bytes)
+                path_list::paths_of(&bytes)
                     .map(Into::into)
                     .map_err(|e| format!("reading a dataset's file list: {e}"))
             }

@@ -23,7 +23,7 @@ use crate::proto::{
     SourceKindResponse, Stats, StreamBatchesRequest, StreamInfo, StreamPlan, UnavailableDataset,
     VariableLayout, WarmProgress, WarmRequest,
 };
-use crate::sampler::{NodeSplit, OrderForm, Plan, PlanRequest, DEFAULT_PARTITIONS};
+use crate::sampler::{Correlated, NodeSplit, OrderForm, Plan, PlanRequest, DEFAULT_PARTITIONS};
 use crate::store::{no_scratch, Store};
 use futures::Stream;
 use std::pin::Pin;
@@ -512,6 +512,18 @@ impl Service {
             }),
             order: OrderForm::from_version(req.order_version)
                 .map_err(|e| bad_request(format!("{e:#}")))?,
+            correlated: match (req.window, req.cohort_seed) {
+                (0, None) => None,
+                (window, Some(cohort_seed)) if window > 0 => Some(Correlated {
+                    cohort_seed,
+                    window,
+                }),
+                _ => {
+                    return Err(bad_request(
+                        "a correlated order names both its window (samples, at least 1) and its cohort_seed",
+                    ))
+                }
+            },
         };
         Ok((sel, request))
     }

@@ -5,8 +5,7 @@
 //! position and speed give the time. Every stream on one order (a job's ranks and workers,
 //! jobs of a grid search on one seed) shares one `Order`, made once (`Orders`).
 
-use crate::permutation::Permutation;
-use crate::sampler::{epoch_key, epoch_order, node_order, NodeSplit, OrderForm};
+use crate::sampler::{epoch_order, node_order, Correlated, EpochOrder, NodeSplit, OrderForm};
 use crate::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -22,6 +21,8 @@ pub struct OrderKey {
     /// A node's part of the epoch (`sampler::NodeSplit`): its order is that part's.
     pub split: Option<NodeSplit>,
     pub form: OrderForm,
+    /// A cohort's correlated order (form 2 only).
+    pub correlated: Option<Correlated>,
 }
 
 impl OrderKey {
@@ -50,7 +51,7 @@ enum Where {
     /// `[s]`: where sample s comes (u32::MAX: in another node's part).
     Listed(Box<[u32]>),
     /// The inverse of the epoch's computed order.
-    Computed(Permutation),
+    Computed(EpochOrder),
 }
 
 impl Order {
@@ -60,9 +61,11 @@ impl Order {
         if key.form.computed(key.split.as_ref(), key.shuffle) {
             return Some(Order {
                 key,
-                position: Where::Computed(Permutation::new(
+                position: Where::Computed(EpochOrder::new(
                     key.num_samples,
-                    epoch_key(key.seed, key.epoch),
+                    key.seed,
+                    key.epoch,
+                    key.correlated,
                 )),
             });
         }
@@ -205,6 +208,7 @@ mod tests {
             shuffle,
             split: None,
             form: OrderForm::V1,
+            correlated: None,
         }
     }
 
@@ -229,7 +233,7 @@ mod tests {
             ..key(7, 3, true)
         };
         let order = Order::new(key).unwrap();
-        assert!(order.bytes() < 128);
+        assert!(order.bytes() < 256);
         let plan = Plan::new(PlanRequest {
             num_samples: 1000,
             batch_size: 10,
@@ -247,6 +251,7 @@ mod tests {
             even_batches: false,
             split: None,
             order: OrderForm::V2,
+            correlated: None,
         })
         .unwrap();
         for b in 0..plan.num_batches {

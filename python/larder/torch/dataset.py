@@ -100,6 +100,8 @@ class LarderIterableDataset(IterableDataset):
         swap: float = 0.0,
         order_version: Optional[int] = None,
         augment_seed: Optional[int] = None,
+        cohort_seed: Optional[int] = None,
+        window: int = 0,
     ):
         super().__init__()
         # Bad arguments fail here rather than at the first batch (Client.stream's own checks).
@@ -119,6 +121,8 @@ class LarderIterableDataset(IterableDataset):
         self._order_fixed = order_version is not None
         # The train pipeline's crops and flips from this seed (None: the order's seed).
         self.augment_seed = augment_seed
+        # A correlated order: the cohort's base order, reshuffled within windows by `seed`.
+        self.cohort_seed, self.window = cohort_seed, window
         self._order = order_version or 2
         self._clock = EpochClock(epoch, 0, start_step)
         self.rank = rank
@@ -282,6 +286,8 @@ class LarderIterableDataset(IterableDataset):
                      drop_last=self.drop_last, even_batches=self.even_batches,
                      fields=self._served_fields(), variable_layout=self.variable_layout,
                      pipeline=self.pipeline, order_version=self._order, augment_seed=self.augment_seed)
+        if self.window:
+            shard.update(cohort_seed=self.cohort_seed, window=self.window)
         if self.nodes and self.nodes > 1 and world > 1:
             shard.update(nodes=self.nodes, node=self._node(rank, world), partitions=self.partitions,
                          swap=self.swap)

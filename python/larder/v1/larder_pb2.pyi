@@ -351,9 +351,10 @@ class Stats(_message.Message):
     def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., memory_bytes: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., memory_entries: _Optional[int] = ..., hit_rate: _Optional[float] = ..., client_stall_seconds: _Optional[float] = ..., batches_served: _Optional[int] = ..., samples_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., active_streams: _Optional[int] = ..., coalesced_fetches: _Optional[int] = ..., admissions_declined: _Optional[int] = ..., uptime_seconds: _Optional[float] = ..., machine_available_bytes: _Optional[int] = ..., measured_expansion_factor: _Optional[float] = ..., scratch_bytes: _Optional[int] = ..., scratch_budget_bytes: _Optional[int] = ..., scratch_corrupt_records: _Optional[int] = ..., scratch_paused: _Optional[str] = ..., planned_expansion_factor: _Optional[float] = ..., shm_rings: _Optional[int] = ..., shm_bytes: _Optional[int] = ..., shm_budget_bytes: _Optional[int] = ..., shm_batches: _Optional[int] = ..., shm_fallbacks: _Optional[int] = ..., bad_samples: _Optional[int] = ..., message_buffer_spare_bytes: _Optional[int] = ..., message_buffer_in_flight_bytes: _Optional[int] = ..., accounted_bytes: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., anonymous_bytes: _Optional[int] = ..., shared_bytes: _Optional[int] = ..., anonymous_ceiling_bytes: _Optional[int] = ..., allocator_free_bytes: _Optional[int] = ..., memory_policy: _Optional[str] = ..., memory_policy_bytes: _Optional[int] = ..., memory_policy_seconds: _Optional[float] = ..., batch_wait_bounds: _Optional[_Iterable[float]] = ..., batch_wait_counts: _Optional[_Iterable[int]] = ..., batch_wait_sum_seconds: _Optional[float] = ..., pool_busy: _Optional[float] = ..., pool_threads: _Optional[int] = ..., datasets: _Optional[_Iterable[_Union[DatasetStats, _Mapping]]] = ..., memory_configured_budget_bytes: _Optional[int] = ..., message_budget_bytes: _Optional[int] = ..., prefetched_samples: _Optional[int] = ..., prefetched_raw_bytes: _Optional[int] = ..., object_gets: _Optional[int] = ..., object_bytes: _Optional[int] = ..., footprint_bytes: _Optional[int] = ..., footprint_limit_bytes: _Optional[int] = ..., user_footprint_limit_bytes: _Optional[int] = ...) -> None: ...
 
 class StreamBatchesRequest(_message.Message):
-    __slots__ = ["augment_seed", "batch_size", "dataset", "drop_last", "epoch", "even_batches", "fields", "held_slots", "layout_version", "node", "nodes", "num_workers", "order_version", "partitions", "pipeline", "rank", "resumed_nodes", "resumed_sample", "seed", "sequential", "shm_ring", "start_batch", "start_sample", "start_step", "swap", "variable_layout", "worker", "world_size"]
+    __slots__ = ["augment_seed", "batch_size", "cohort_seed", "dataset", "drop_last", "epoch", "even_batches", "fields", "held_slots", "layout_version", "node", "nodes", "num_workers", "order_version", "partitions", "pipeline", "rank", "resumed_nodes", "resumed_sample", "seed", "sequential", "shm_ring", "start_batch", "start_sample", "start_step", "swap", "variable_layout", "window", "worker", "world_size"]
     AUGMENT_SEED_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    COHORT_SEED_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     DROP_LAST_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -378,10 +379,12 @@ class StreamBatchesRequest(_message.Message):
     START_STEP_FIELD_NUMBER: _ClassVar[int]
     SWAP_FIELD_NUMBER: _ClassVar[int]
     VARIABLE_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     augment_seed: int
     batch_size: int
+    cohort_seed: int
     dataset: str
     drop_last: bool
     epoch: int
@@ -406,9 +409,10 @@ class StreamBatchesRequest(_message.Message):
     start_step: int
     swap: float
     variable_layout: VariableLayout
+    window: int
     worker: int
     world_size: int
-    def __init__(self, dataset: _Optional[str] = ..., batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., sequential: bool = ..., drop_last: bool = ..., fields: _Optional[_Iterable[str]] = ..., variable_layout: _Optional[_Union[VariableLayout, str]] = ..., layout_version: _Optional[int] = ..., shm_ring: _Optional[bytes] = ..., held_slots: _Optional[_Iterable[int]] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., start_sample: _Optional[int] = ..., start_step: _Optional[int] = ..., even_batches: bool = ..., pipeline: _Optional[str] = ..., nodes: _Optional[int] = ..., node: _Optional[int] = ..., partitions: _Optional[int] = ..., swap: _Optional[float] = ..., resumed_nodes: _Optional[int] = ..., resumed_sample: _Optional[int] = ..., order_version: _Optional[int] = ..., augment_seed: _Optional[int] = ...) -> None: ...
+    def __init__(self, dataset: _Optional[str] = ..., batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., start_batch: _Optional[int] = ..., sequential: bool = ..., drop_last: bool = ..., fields: _Optional[_Iterable[str]] = ..., variable_layout: _Optional[_Union[VariableLayout, str]] = ..., layout_version: _Optional[int] = ..., shm_ring: _Optional[bytes] = ..., held_slots: _Optional[_Iterable[int]] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., start_sample: _Optional[int] = ..., start_step: _Optional[int] = ..., even_batches: bool = ..., pipeline: _Optional[str] = ..., nodes: _Optional[int] = ..., node: _Optional[int] = ..., partitions: _Optional[int] = ..., swap: _Optional[float] = ..., resumed_nodes: _Optional[int] = ..., resumed_sample: _Optional[int] = ..., order_version: _Optional[int] = ..., augment_seed: _Optional[int] = ..., cohort_seed: _Optional[int] = ..., window: _Optional[int] = ...) -> None: ...
 
 class StreamInfo(_message.Message):
     __slots__ = ["advice", "batches", "bytes_per_second", "cause", "compute_bound_below", "dataset", "epoch", "id", "input_bound_above", "job", "measured_by_client", "memory_samples", "num_batches", "open_seconds", "pid", "rank", "raw_samples", "ready_batches", "samples", "samples_per_second", "scratch_samples", "shm", "user", "verdict", "wait_ratio", "wait_seconds", "world_size"]

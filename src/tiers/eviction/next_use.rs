@@ -569,6 +569,7 @@ mod tests {
                         shuffle: true,
                         split: None,
                         form: crate::sampler::OrderForm::V1,
+                        correlated: None,
                     };
                     tier.stream_opened(state.id, key, 0);
                 }
@@ -713,6 +714,7 @@ mod tests {
             shuffle: true,
             split: None,
             form: crate::sampler::OrderForm::V1,
+            correlated: None,
         };
         tier.stream_opened(1, key(1), 0);
         tier.stream_opened(2, key(1), 0);
@@ -744,6 +746,7 @@ mod tests {
             shuffle: true,
             split: None,
             form: crate::sampler::OrderForm::V1,
+            correlated: None,
         };
         // Streams that read their whole epoch and end: each leaves its next epoch known.
         for seed in 0..200 {
@@ -776,6 +779,7 @@ mod tests {
             shuffle: false,
             split: None,
             form: crate::sampler::OrderForm::V1,
+            correlated: None,
         };
         tier.stream_opened(1, key, 0);
         // 90 is held, used and let go, then taken in again while 10 and 20 are held.
@@ -810,6 +814,7 @@ mod tests {
             shuffle: false,
             split: None,
             form: crate::sampler::OrderForm::V1,
+            correlated: None,
         };
         tier.stream_opened(1, key, 0);
         assert!(tier.insert((0, 10), one(), 1));
@@ -837,6 +842,7 @@ mod tests {
             shuffle: false,
             split: None,
             form: crate::sampler::OrderForm::V1,
+            correlated: None,
         };
         tier.stream_opened(1, key, 0);
         assert!(tier.insert((0, 50), Bytes::from(vec![0u8; 1000]), 1000));
