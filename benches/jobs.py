@@ -11,7 +11,9 @@ Belady's offline optimum is computed on the lookups of the same run, as the daem
 
 It writes one HDF5 file (uint8 `images` [N, 3, 64, 64], N = --samples, and int64 `labels` [N],
 label i for sample i), then, for each configuration KxPP (K jobs, a memory tier holding PP% of
-the samples; a trailing "s": every job the same seed) and each eviction policy of --policies
+the samples; a trailing "s": every job the same seed; a trailing "c": correlated orders, each
+job its own seed over one cohort's base order, reshuffled within windows of 2% of the samples)
+and each eviction policy of --policies
 (`[memory] policy`), starts a fresh larderd with:
   - the scratch tier off (`[scratch] enabled = false`): every memory miss is a raw read;
   - a memory budget of floor(PP% * N) entries: budget_bytes = floor(PP% * N) * the bytes one
@@ -82,6 +84,8 @@ TRACE_DTYPE = np.dtype([("dataset", "<u4"), ("outcome", "<u4"), ("index", "<u8")
 MISS, HIT, JOINED = 0, 1, 2
 DISTINCT_SEED, ONE_SEED = 1000, 42
 DEFAULT_CONFIGS = "1x50,1x25,2x50,2x25,4x50,4x25,3x35s,4x25s"
+# How the jobs of a configuration are seeded, by its suffix.
+SEEDS = {"": "distinct", "s": "one seed", "c": "correlated (windows of 2%)", False: "distinct", True: "one seed"}
 HERE = pathlib.Path(__file__).resolve()
 REPO = HERE.parent.parent
 
@@ -297,8 +301,9 @@ def job_main(args) -> int:
         for e in range(args.epochs):
             t = time.perf_counter()
             ids = []
+            cohort = dict(cohort_seed=ONE_SEED, window=args.job_window) if args.job_window else {}
             for b in client.stream("d", args.batch, seed=args.job_seed, epoch=e, shuffle=True,
-                                transport="bytes"):
+                                transport="bytes", **cohort):
                 sid = b.sample_ids.copy()
                 labels = np.asarray(b["label"]).reshape(-1)
                 if not np.array_equal(labels, sid):
@@ -444,8 +449,8 @@ def parse_configs(spec: str):
         item = item.strip()
         if not item:
             continue
-        one_seed = item.endswith("s")
-        jobs, _, pct = item.rstrip("s").partition("x")
+        one_seed = "s" if item.endswith("s") else "c" if item.endswith("c") else ""
+        jobs, _, pct = item.rstrip("sc").partition("x")
         try:
             out.append((int(jobs), int(pct) / 100, one_seed))
         except ValueError:
@@ -457,7 +462,7 @@ def parse_configs(spec: str):
     return out
 
 
-def run_jobs(args, root: pathlib.Path, tag: str, address: str, seeds):
+def run_jobs(args, root: pathlib.Path, tag: str, address: str, seeds, window: int = 0):
     """Runs one job process per seed, started together; returns their 'done' events."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "python"), env.get("PYTHONPATH")]))
@@ -469,6 +474,7 @@ def run_jobs(args, root: pathlib.Path, tag: str, address: str, seeds):
             with open(log, "wb") as err:
                 procs.append(subprocess.Popen(
                     [sys.executable, str(HERE), "--job", address, "--job-seed", str(seed),
+                     "--job-window", str(window),
                      "--samples", str(args.samples), "--epochs", str(args.epochs), "--batch", str(args.batch)],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
                 ))
@@ -515,15 +521,16 @@ def run_one(args, root, h5, entry_cost, jobs, share, one_seed, policy) -> dict:
 
     capacity = int(share * args.samples)
     budget = capacity * entry_cost
-    name = f"{jobs}x{round(share * 100)}{'s' if one_seed else ''}"
+    name = f"{jobs}x{round(share * 100)}{one_seed}"
     tag = f"{name}-{policy}"
     trace_path = root / f"{tag}.trace"
     daemon, address, log = start_daemon(args, root, tag, config_text(root, tag, h5, budget, policy), trace_path)
     try:
-        seeds = [ONE_SEED] * jobs if one_seed else [DISTINCT_SEED + j for j in range(jobs)]
+        seeds = [ONE_SEED] * jobs if one_seed == "s" else [DISTINCT_SEED + j for j in range(jobs)]
+        window = max(1, args.samples // 50) if one_seed == "c" else 0
         perf = start_perf(args, root / f"{tag}.perf", daemon.pid)
         try:
-            done = run_jobs(args, root, tag, address, seeds)
+            done = run_jobs(args, root, tag, address, seeds, window)
         finally:
             perf_share = stop_perf(perf)
         with larder.Client(address) as client:
@@ -624,7 +631,7 @@ def print_table(rows, args, entry_cost) -> None:
         n = r["lookups"] or 1
         larder_rate, best_rate = r["hits"] / n, r["belady_hits"] / n
         ratio = r["lower_reads"] / r["belady_misses"] if r["belady_misses"] else float("nan")
-        print(f"| {r['jobs']} | {'one seed' if r['one_seed'] else 'distinct'} | "
+        print(f"| {r['jobs']} | {SEEDS[r['one_seed']]} | "
               f"{round(r['share'] * 100)}% ({r['capacity']:,}) | {r['policy']} | "
               f"{pct(larder_rate)} (joined {pct(r['joined'] / n)}) | {pct(best_rate)} | "
               f"{100 * (best_rate - larder_rate):.1f} | "
@@ -640,7 +647,7 @@ def table_rows(rows) -> list:
         stats = r["daemon_stats"]
         cpu = stats.get("daemon_cpu_seconds") or 0
         out.append({
-            "config": r["config"], "jobs": r["jobs"], "seeds": "one seed" if r["one_seed"] else "distinct",
+            "config": r["config"], "jobs": r["jobs"], "seeds": SEEDS[r["one_seed"]],
             "memory_pct": round(r["share"] * 100), "capacity": r["capacity"], "policy": r["policy"],
             "hits_pct": 100 * r["hits"] / n, "joined_pct": 100 * r["joined"] / n,
             "belady_pct": 100 * r["belady_hits"] / n, "gap_points": 100 * (r["belady_hits"] - r["hits"]) / n,
@@ -671,6 +678,7 @@ def main() -> int:
                    help="do not sample the daemon with perf (the policy's CPU share then comes from its counter only)")
     p.add_argument("--job", help=argparse.SUPPRESS)
     p.add_argument("--job-seed", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--job-window", type=int, default=0, help=argparse.SUPPRESS)
     results.add_options(p)
     args = p.parse_args()
     if args.selftest:
