@@ -234,6 +234,7 @@ async fn memory_tier_stays_within_its_budget_and_keeps_its_working_set() {
         even_batches: false,
         split: None,
         order: larder::sampler::OrderForm::V1,
+        correlated: None,
     });
     // Building each epoch's plan takes 8 bytes a sample more, while it is built: the tier
     // gives that up then (and keeps a quarter of the samples still).
