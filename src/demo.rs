@@ -204,6 +204,8 @@ pub async fn run_epochs(
         world_size: 1,
         // Typed fields: any dataset's plan, not only one of a uint8 array and a label.
         layout_version: 1,
+        // The computed order: a plan of any size costs the daemon a few bytes.
+        order_version: 2,
         ..Default::default()
     };
     let started = Instant::now();
