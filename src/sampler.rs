@@ -32,7 +32,7 @@ impl SplitMix64 {
 pub fn epoch_order(n: u64, seed: u64, epoch: u64, shuffle: bool) -> Vec<u64> {
     let mut order: Vec<u64> = (0..n).collect();
     if shuffle {
-        let mut rng = SplitMix64(seed ^ epoch.wrapping_mul(0xD1B5_4A32_D192_ED03));
+        let mut rng = SplitMix64(epoch_key(seed, epoch));
         rng.next();
         for i in (1..order.len()).rev() {
             let j = rng.below(i as u64 + 1) as usize;
@@ -306,7 +306,7 @@ impl OrderForm {
     }
 }
 
-/// The key of an epoch's V2 order: a pure function of (seed, epoch).
+/// The key of an epoch's order, in either form: a pure function of (seed, epoch).
 pub fn epoch_key(seed: u64, epoch: u64) -> u64 {
     seed ^ epoch.wrapping_mul(0xD1B5_4A32_D192_ED03)
 }
@@ -467,6 +467,32 @@ pub struct PlanRequest {
     pub correlated: Option<Correlated>,
 }
 
+impl PlanRequest {
+    /// One rank's shuffled epoch `epoch` of `num_samples` samples by `seed`, from its start, in
+    /// batches of `batch_size`, in order form 1 on one node; other requests by struct update.
+    pub fn epoch(num_samples: u64, batch_size: u32, seed: u64, epoch: u64) -> PlanRequest {
+        PlanRequest {
+            num_samples,
+            batch_size,
+            seed,
+            epoch,
+            rank: 0,
+            world_size: 1,
+            worker: 0,
+            num_workers: 1,
+            start_sample: 0,
+            start_step: 0,
+            start_batch: 0,
+            shuffle: true,
+            drop_last: false,
+            even_batches: false,
+            split: None,
+            order: OrderForm::V1,
+            correlated: None,
+        }
+    }
+}
+
 impl Plan {
     /// About the bytes a plan for `req` holds, known before it is built (at least what it
     /// will hold): its shard's samples when they are listed.
@@ -483,7 +509,7 @@ impl Plan {
     }
 
     /// Whether a plan for `req` lists its samples: a node's part, or a shuffled epoch in form 1.
-    fn listed(req: &PlanRequest) -> bool {
+    pub fn listed(req: &PlanRequest) -> bool {
         req.split.is_some() || (req.shuffle && req.order == OrderForm::V1)
     }
 
@@ -717,23 +743,10 @@ impl Plan {
     #[cfg(test)]
     pub fn sequential(num_samples: u64, batch_size: u32, start_batch: u64) -> Plan {
         Plan::new(PlanRequest {
-            num_samples,
-            batch_size,
-            seed: 0,
-            epoch: 0,
-            rank: 0,
-            world_size: 1,
-            worker: 0,
-            num_workers: 1,
-            start_sample: 0,
-            start_step: 0,
             start_batch,
             shuffle: false,
-            drop_last: false,
-            even_batches: false,
-            split: None,
             order: OrderForm::V2,
-            correlated: None,
+            ..PlanRequest::epoch(num_samples, batch_size, 0, 0)
         })
         .expect("a valid plan")
     }
@@ -777,23 +790,9 @@ mod tests {
 
     fn req(n: u64, bs: u32, rank: u32, ws: u32) -> PlanRequest {
         PlanRequest {
-            num_samples: n,
-            batch_size: bs,
-            seed: 7,
-            epoch: 0,
             rank,
             world_size: ws,
-            worker: 0,
-            num_workers: 1,
-            start_sample: 0,
-            start_step: 0,
-            start_batch: 0,
-            shuffle: true,
-            drop_last: false,
-            even_batches: false,
-            split: None,
-            order: OrderForm::V1,
-            correlated: None,
+            ..PlanRequest::epoch(n, bs, 7, 0)
         }
     }
 
@@ -852,23 +851,12 @@ mod sharding_tests {
 
     fn plan(n: u64, bs: u32, rank: u32, ws: u32, worker: u32, nw: u32) -> PlanRequest {
         PlanRequest {
-            num_samples: n,
-            batch_size: bs,
-            seed: 3,
-            epoch: 1,
             rank,
             world_size: ws,
             worker,
             num_workers: nw,
-            start_sample: 0,
-            start_step: 0,
-            start_batch: 0,
-            shuffle: true,
-            drop_last: false,
             even_batches: true,
-            split: None,
-            order: OrderForm::V1,
-            correlated: None,
+            ..PlanRequest::epoch(n, bs, 3, 1)
         }
     }
 

@@ -217,25 +217,8 @@ async fn memory_tier_stays_within_its_budget_and_keeps_its_working_set() {
     // take outside the cache: the scratch tier's index, the stream's plan and its order.
     let tier = 250 * cost_of(SAMPLE_BYTES + 8);
     let share = 1 << 20;
-    let plan = larder::sampler::Plan::bytes_for(&larder::sampler::PlanRequest {
-        num_samples: n,
-        batch_size: 25,
-        seed: 1,
-        epoch: 0,
-        rank: 0,
-        world_size: 1,
-        worker: 0,
-        num_workers: 0,
-        start_sample: 0,
-        start_step: 0,
-        start_batch: 0,
-        shuffle: true,
-        drop_last: false,
-        even_batches: false,
-        split: None,
-        order: larder::sampler::OrderForm::V1,
-        correlated: None,
-    });
+    // (The daemon's streams name no order form: form 1, listed.)
+    let plan = larder::sampler::Plan::bytes_for(&larder::sampler::PlanRequest::epoch(n, 25, 1, 0));
     // Building each epoch's plan takes 8 bytes a sample more, while it is built: the tier
     // gives that up then (and keeps a quarter of the samples still).
     let building = 8 * n;

@@ -68,8 +68,7 @@ impl Planning {
         let plan_charge =
             self.account
                 .charge(payer, Plan::bytes_for(&req), &format!("{what}: its plan"))?;
-        let order = match with_order && req.shuffle && !req.order.computed(req.split.as_ref(), true)
-        {
+        let order = match with_order && req.shuffle && Plan::listed(&req) {
             true => Some(self.order(payer, dataset, &req, &what)?),
             false => None,
         };

@@ -235,23 +235,8 @@ mod tests {
         let order = Order::new(key).unwrap();
         assert!(order.bytes() < 256);
         let plan = Plan::new(PlanRequest {
-            num_samples: 1000,
-            batch_size: 10,
-            seed: 7,
-            epoch: 3,
-            rank: 0,
-            world_size: 1,
-            worker: 0,
-            num_workers: 1,
-            start_sample: 0,
-            start_step: 0,
-            start_batch: 0,
-            shuffle: true,
-            drop_last: false,
-            even_batches: false,
-            split: None,
             order: OrderForm::V2,
-            correlated: None,
+            ..PlanRequest::epoch(1000, 10, 7, 3)
         })
         .unwrap();
         for b in 0..plan.num_batches {

@@ -210,7 +210,7 @@ class LarderIterableDataset(IterableDataset):
     def state_dict(self) -> dict:
         """Where this copy of the dataset stands: see the class docstring."""
         if self._position is None:
-            return {**position(self._clock.peek()), "order": self._order}
+            return position(self._clock.peek(), order=self._order)
         return dict(self._position)
 
     def load_state_dict(self, state: dict) -> None:
@@ -346,8 +346,8 @@ class LarderIterableDataset(IterableDataset):
             epoch, start_sample, start_step = self._clock.next(worker)
             start_batch = 0
         shard, start_sample, nodes = self._split(self._shard(rank, world), epoch, start_sample, restored is not None)
-        at = self._position = {**position(epoch, start_sample, start_step, start_batch), **nodes,
-                                "order": self._order}
+        at = self._position = {**position(epoch, start_sample, start_step, start_batch, order=self._order),
+                                **nodes}
         resuming = start_sample > 0 or start_step > 0 or start_batch > 0
         client = self._connection()
         for batch in client.stream(
@@ -375,7 +375,8 @@ class LarderIterableDataset(IterableDataset):
                     mask = mask.to(device, non_blocking=True)
                 out = {**out, "valid": mask} if isinstance(out, dict) else (*out, mask)
             if batch.order_version != at["order"]:
-                if at["batches"] > 0 or (resuming and self._order_fixed):
+                # (Within one stream the client itself refuses a change of form.)
+                if resuming and self._order_fixed:
                     raise LarderError(
                         f"the daemon serves orders of form {batch.order_version} only, and this epoch was begun in "
                         f"form {at['order']}: upgrade the daemon to resume it, or resume from an epoch's end")
@@ -386,7 +387,7 @@ class LarderIterableDataset(IterableDataset):
             del batch
             yield out
         # The epoch is done: a checkpoint now resumes at the start of the next one.
-        self._position = {**position(epoch + 1), "order": self._order}
+        self._position = position(epoch + 1, order=self._order)
 
     def _device(self):
         """Where batches go: `device`, where "auto" is the current CUDA device when there is

@@ -58,8 +58,9 @@ class EpochClock:
             self.__init__(state["epoch"], 0, 0)
 
 
-def position(epoch: int, sample: int = 0, step: int = 0, batches: int = 0) -> dict:
-    """A dataset's state: an iteration of `epoch` that began at `sample` of the epoch's global
-    order and step `step`, has yielded `batches` batches, and stands at `sample` (the last
-    batch's resume_sample once it has yielded one)."""
-    return {"epoch": epoch, "sample": sample, "base_sample": sample, "base_step": step, "batches": batches}
+def position(epoch: int, sample: int = 0, step: int = 0, batches: int = 0, *, order: int) -> dict:
+    """A dataset's state: an iteration of `epoch` in order form `order` that began at `sample` of
+    the epoch's global order and step `step`, has yielded `batches` batches, and stands at
+    `sample` (the last batch's resume_sample once it has yielded one)."""
+    return {"epoch": epoch, "sample": sample, "base_sample": sample, "base_step": step, "batches": batches,
+            "order": order}
